@@ -1,0 +1,136 @@
+"""Which scaled-dot-product-attention kernel CUDA would run, and running that kernel on fake CPU.
+
+On CUDA, `F.scaled_dot_product_attention` picks a backend in priority order flash ->
+memory-efficient -> math (torch/csrc/.../sdp_utils.cpp, `select_sdp_backend`). The choice decides
+memory: flash and memory-efficient keep only the output and a (B, H, S) fp32 log-sum-exp for
+backward; math materialises the (B, H, S, S) attention matrix and saves it. On CPU, PyTorch would
+pick its own CPU flash kernel, so the tracer must not let the CPU choice stand. `choose_backend`
+applies CUDA's rules for the target GPU and `run_sdpa` calls the aten op of that backend, whose
+fake (meta) kernel gives exactly the tensors CUDA allocates.
+
+Rules modelled (PyTorch 2.5-2.13, `check_*` functions of sdp_utils.cpp):
+- flash: fp16/bf16 only; compute capability >= 8.0; head dim <= 256; no explicit attn_mask
+  (is_causal is fine); q/k/v head dims equal.
+- memory-efficient: fp32/fp16/bf16; compute capability >= 5.0; supports an attn_mask; head dim
+  a multiple of 8 for 16-bit inputs and of 4 for fp32 (else PyTorch pads; we fall back to math,
+  which is the conservative side).
+- math: always possible.
+Not modelled: the cuDNN backend (off by default in these releases' priority order for training),
+nested tensors, and `torch.nn.attention.sdpa_kernel` overrides made inside user code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+FLASH = "flash"
+EFFICIENT = "efficient"
+MATH = "math"
+
+#: sdp_utils.cpp check_flash_attention_hardware_support: sm80 and newer.
+FLASH_MIN_CAPABILITY = (8, 0)
+#: sdp_utils.cpp check_mem_efficient_hardware_support: sm50 and newer.
+EFFICIENT_MIN_CAPABILITY = (5, 0)
+#: sdp_utils.cpp check_head_dim_size_flash: flash supports head dims up to 256.
+FLASH_MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """The facts about one SDPA call that decide the backend."""
+
+    dtype: torch.dtype
+    head_dim: int
+    value_head_dim: int
+    has_mask: bool
+    dropout_p: float
+
+
+def choose_backend(call: AttentionCall, capability: tuple[int, int] | None) -> str:
+    """The backend CUDA would pick for `call` on a GPU of this compute capability.
+
+    With no GPU named (capability None), an Ampere-class GPU (8.0) is assumed, the common case
+    for training; the report states the GPU it assumed.
+    """
+    cap = capability if capability is not None else (8, 0)
+    low = call.dtype in (torch.float16, torch.bfloat16)
+    same_dims = call.head_dim == call.value_head_dim
+    if (
+        low
+        and cap >= FLASH_MIN_CAPABILITY
+        and call.head_dim <= FLASH_MAX_HEAD_DIM
+        and not call.has_mask
+        and same_dims
+    ):
+        return FLASH
+    align = 8 if low else 4
+    if (
+        cap >= EFFICIENT_MIN_CAPABILITY
+        and call.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and call.head_dim % align == 0
+        and call.value_head_dim % align == 0
+    ):
+        return EFFICIENT
+    return MATH
+
+
+def run_sdpa(
+    backend: str,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """Run SDPA with the given backend's aten op; shapes as F.scaled_dot_product_attention."""
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        # Flash and efficient kernels take grouped K/V natively only in some releases; the
+        # math path and older kernels repeat K/V. Repeating is the conservative choice.
+        groups = query.shape[-3] // key.shape[-3]
+        key = key.repeat_interleave(groups, dim=-3)
+        value = value.repeat_interleave(groups, dim=-3)
+    if backend == FLASH:
+        out = torch.ops.aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p, is_causal, False, scale=scale
+        )[0]
+        return out
+    if backend == EFFICIENT:
+        needs_grad = query.requires_grad or key.requires_grad or value.requires_grad
+        bias = attn_mask
+        if bias is not None and bias.dtype == torch.bool:
+            # CUDA converts a boolean mask into an additive float mask (convert_boolean_attn_mask).
+            bias = torch.zeros_like(bias, dtype=query.dtype).masked_fill(~bias, -math.inf)
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, bias, needs_grad, dropout_p, is_causal, scale=scale
+        )[0]
+    return torch.ops.aten._scaled_dot_product_attention_math(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=False
+    )[0]
+
+
+def describe_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[AttentionCall, dict]:
+    """Normalise the arguments of an F.scaled_dot_product_attention call."""
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    bound: dict[str, Any] = dict(zip(names, args, strict=False))
+    bound.update(kwargs)
+    bound.setdefault("attn_mask", None)
+    bound.setdefault("dropout_p", 0.0)
+    bound.setdefault("is_causal", False)
+    bound.setdefault("scale", None)
+    bound.setdefault("enable_gqa", False)
+    q, v = bound["query"], bound["value"]
+    call = AttentionCall(
+        dtype=q.dtype,
+        head_dim=q.shape[-1],
+        value_head_dim=v.shape[-1],
+        has_mask=bound["attn_mask"] is not None,
+        dropout_p=float(bound["dropout_p"]),
+    )
+    return call, bound

@@ -1,0 +1,114 @@
+"""From the traced stream to device memory: allocator simulation, workspaces, CUDA context.
+
+- The cuBLAS workspace is allocated through the caching allocator at the first matmul and kept
+  (CublasHandlePool.cpp), so it enters the event stream as a "workspaces" allocation at the
+  first forward op and counts in allocated and reserved memory alike.
+- The stream is replayed through the caching-allocator simulator (`memfit.allocator`) for peak
+  reserved memory, fragmentation, and the OOM point under the GPU's capacity.
+- The CUDA context, lazily loaded kernels and NCCL buffers never go through the allocator; they
+  are added on top of reserved memory to give what nvidia-smi shows (`device_total_bytes`).
+- A cuDNN convolution workspace (an estimate with a range, see memfit.device_overhead) is added
+  to reserved memory when the model runs convolutions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memfit.allocator import simulate
+from memfit.allocator_config import AllocatorConfig
+from memfit.profile import MemoryProfile
+from memfit.tracer import ALLOC, FREE, Event, StorageRecord
+
+#: `fits` requires device memory to stay this fraction below the GPU's capacity. It covers the
+#: estimator's error targets (reserved memory within 3 % median, 8 % worst) for most jobs.
+FIT_MARGIN_FRACTION = 0.05
+
+#: The GPU assumed for context/workspace sizes and the attention kernel when none is named.
+DEFAULT_GPU = "a100-80gb"
+
+_CONV_OPS = ("convolution", "cudnn_convolution", "convolution_backward")
+
+
+def add_workspaces(
+    records: dict[int, StorageRecord], events: list[Event], nbytes: int
+) -> tuple[dict[int, StorageRecord], list[Event]]:
+    """Insert the cuBLAS workspace allocation before the first forward event."""
+    if nbytes <= 0:
+        return records, events
+    sid = max(records, default=-1) + 1
+    at = next((i for i, ev in enumerate(events) if ev[2] == "forward"), len(events))
+    step = events[at][3] if at < len(events) else 0
+    rec = StorageRecord(sid, nbytes, "workspaces", "forward", step, "cublas_workspace", "", -1, 0)
+    new_records = dict(records)
+    new_records[sid] = rec
+    ev: Event = (ALLOC, sid, "forward", step, "cublas_workspace", "", -1)
+    return new_records, [*events[:at], ev, *events[at:]]
+
+
+def uses_convolution(events: list[Event]) -> bool:
+    return any(ev[4].startswith(_CONV_OPS) for ev in events if ev[0] == ALLOC)
+
+
+def attach_device_memory(
+    est: Any, records: dict[int, StorageRecord], events: list[Event], *,
+    alloc_conf: AllocatorConfig | None = None, n_gpus: int = 1,
+) -> MemoryProfile:  # fmt: skip
+    """Fill `est.profile` (built here) with reserved and device memory, and `est.fits`."""
+    from memfit.device_overhead import device_overhead
+    from memfit.gpus import get_gpu
+
+    gpu = est.gpu or get_gpu(DEFAULT_GPU)
+    conv = uses_convolution(events)
+    overhead = device_overhead(gpu, n_gpus=n_gpus, uses_conv=conv)
+    cublas = overhead.item("cublas_workspace")
+    records, events = add_workspaces(records, events, cublas.bytes if cublas else 0)
+    profile = MemoryProfile.from_events(records, events)
+    stream = [
+        (1 if ev[0] == ALLOC else -1, ev[1], 0 if records[ev[1]].host else records[ev[1]].nbytes)
+        for ev in events
+        if ev[0] in (ALLOC, FREE)
+    ]
+    cfg = alloc_conf or AllocatorConfig()
+    free_run = simulate(stream, config=cfg)
+    cudnn = overhead.item("cudnn_conv_workspace")
+    cudnn_bytes = cudnn.bytes if (cudnn and conv) else 0
+    outside = overhead.outside_allocator_bytes()
+    reserved = free_run.peak_reserved_bytes + cudnn_bytes
+    profile.peak_reserved_bytes = reserved
+    profile.device_total_bytes = reserved + outside
+    profile.device_breakdown = {
+        "allocated": profile.peak_allocated_bytes,
+        "allocator_cache": reserved - profile.peak_allocated_bytes,
+        "workspaces": (cublas.bytes if cublas else 0) + cudnn_bytes,
+        "cuda_context": sum(
+            i.bytes
+            for i in overhead.items
+            if not i.through_allocator and i.name != "nccl_communicator"
+        ),
+        "nccl": sum(i.bytes for i in overhead.items if i.name == "nccl_communicator"),
+    }
+    low, high = overhead.outside_allocator_range_bytes()
+    est.device_total_range = (reserved + low, reserved + high)
+    est.overhead = overhead
+    est.oom = None
+    if est.gpu is not None:
+        capacity = gpu.total_memory_bytes
+        limit = int(capacity * (1 - FIT_MARGIN_FRACTION))
+        est.fits = profile.device_total_bytes <= limit
+        allocator_capacity = capacity - outside
+        if allocator_capacity <= 0:
+            est.fits = False
+        elif free_run.peak_reserved_bytes > allocator_capacity:
+            bounded = simulate(stream, config=cfg, capacity_bytes=allocator_capacity)
+            if bounded.oom is not None:
+                oom_ev = events[bounded.oom.event_index]
+                est.oom = bounded.oom.message(
+                    op=oom_ev[4], module=oom_ev[5] or "<top>", total_capacity_bytes=capacity
+                )
+    else:
+        est.notes.append(
+            f"No GPU named: CUDA context and workspace sizes assume {gpu.display_name}."
+        )
+    est.profile = profile
+    return profile

@@ -1,0 +1,136 @@
+"""`memfit.estimate`: peak GPU memory of a step, without a GPU.
+
+Example:
+    >>> import memfit
+    >>> est = memfit.estimate("gpt2", memfit.Workload(batch_size=8, seq_len=1024), gpu="rtx-4090")
+    >>> est.profile.peak_allocated_bytes, est.fits
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from memfit.profile import MemoryProfile
+from memfit.sources import ModelSpec, resolve_model
+from memfit.trace import Trace, run_trace
+from memfit.workload import Workload
+
+
+@dataclass(kw_only=True)
+class Estimate:
+    """The result of `estimate`: the profile plus what was assumed to produce it."""
+
+    model: str
+    workload: Workload
+    profile: MemoryProfile
+    parameter_count: int
+    trainable_parameter_count: int
+    num_blocks: int
+    replayed: bool
+    attention_backend: str | None
+    trace_seconds: float
+    gpu: Any = None
+    fits: bool | None = None
+    oom: str | None = None
+    device_total_range: tuple[int, int] | None = None
+    overhead: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _uniform_layers(model_config: Any) -> bool:
+    """False when the config gives blocks different behaviour (e.g. sliding-window layers)."""
+    types = getattr(model_config, "layer_types", None)
+    return not types or len(set(types)) <= 1
+
+
+def trace_spec(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None) -> tuple[
+    Trace, int, bool
+]:  # fmt: skip
+    """Trace `spec`, replaying repeated blocks when possible; returns (trace, blocks, replayed).
+
+    The replay is used only when the traced blocks prove identical (see memfit.replay);
+    otherwise, and for models memfit cannot shorten (an nn.Module passed in), the whole model
+    is traced.
+    """
+    from memfit.replay import TRACED_BLOCKS, ReplayMismatch, expand
+
+    n = spec.num_layers
+    if spec.can_shorten and n is not None and n > TRACED_BLOCKS + 1:
+        entry = spec.extra.get("entry")
+        uniform = entry is None or _uniform_layers(_config_ns(entry.config))
+        if uniform:
+            tr = run_trace(spec, w, capability, num_layers=TRACED_BLOCKS)
+            if len(tr.block_paths) == TRACED_BLOCKS:
+                try:
+                    records, events = expand(tr.records, tr.events, n, tr.block_paths)
+                except ReplayMismatch:
+                    pass
+                else:
+                    extra = n - TRACED_BLOCKS
+                    tr.parameter_count += extra * tr.block_parameter_count
+                    tr.trainable_parameter_count += extra * tr.block_trainable_parameter_count
+                    tr.records, tr.events = records, events
+                    return tr, n, True
+    tr = run_trace(spec, w, capability)
+    return tr, len(tr.block_paths), False
+
+
+def _config_ns(config: Any) -> Any:
+    class _NS:
+        pass
+
+    ns = _NS()
+    for k, v in dict(config).items():
+        setattr(ns, k, v)
+    return ns
+
+
+def estimate(
+    model: Any,
+    workload: Workload | None = None,
+    *,
+    gpu: str | None = None,
+    task: str | None = None,
+) -> Estimate:
+    """Estimate the peak memory of one step of `workload` on `model`.
+
+    Args:
+        model: a catalog name, an HF config.json path, "file.py:build", or an nn.Module.
+        workload: the step; defaults to `Workload()` (batch 1, fp32, AdamW).
+        gpu: a GPU name from the catalog (`memfit gpus`); decides the attention kernel and
+            `fits`. Overrides `workload.gpu`.
+        task: the head for catalog/config models (e.g. "seq-classification").
+    """
+    from memfit.device import attach_device_memory
+
+    w = workload or Workload()
+    if gpu is not None:
+        w = w.with_(gpu=gpu)
+    gpu_obj = None
+    capability = None
+    if w.gpu is not None:
+        from memfit.gpus import get_gpu
+
+        gpu_obj = get_gpu(w.gpu)
+        capability = gpu_obj.compute_capability
+    spec = resolve_model(model, task=task)
+    t0 = time.perf_counter()
+    tr, n_blocks, replayed = trace_spec(spec, w, capability)
+    seconds = time.perf_counter() - t0
+    backends = sorted(set(tr.attention_backends))
+    est = Estimate(
+        model=spec.name,
+        workload=w,
+        profile=None,  # type: ignore[arg-type]  # filled by attach_device_memory
+        parameter_count=tr.parameter_count,
+        trainable_parameter_count=tr.trainable_parameter_count,
+        num_blocks=n_blocks,
+        replayed=replayed,
+        attention_backend=",".join(backends) if backends else None,
+        trace_seconds=seconds,
+        gpu=gpu_obj,
+    )
+    attach_device_memory(est, tr.records, tr.events)
+    return est

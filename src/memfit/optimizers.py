@@ -1,0 +1,144 @@
+"""Optimizers as CUDA runs them, built for tracing.
+
+On CUDA, torch.optim picks the foreach implementation by default
+(torch/optim/optimizer.py `_default_to_fused_or_foreach`: foreach when every parameter is on a
+CUDA device). On CPU it would pick the per-tensor loop, whose temporaries are far smaller, so
+the tracer asks for `foreach=True` explicitly. `adamw-fused` asks for `fused=True`, which keeps
+the step counters on the device (Adam `_init_group`: `torch.zeros((), device=p.device)` when
+fused or capturable, else a CPU tensor). `host_state_keys` says which state entries CUDA keeps on
+the host, so that the tracer does not count them as GPU memory.
+
+`AdamW8bitLayout` reproduces the memory layout of bitsandbytes' AdamW8bit (blockwise 8-bit
+states): it allocates the same tensors (uint8 moments, fp32 absmax per 256-element block, the
+shared 256-entry quantisation map, 32-bit states for small tensors) and updates in place like
+bnb's fused kernel. It is a layout model for estimation, not a numerically faithful optimizer;
+`memfit.apply_` uses bitsandbytes itself.
+
+`Lion` follows the reference implementation's update (lucidrains/lion-pytorch): one momentum
+buffer per parameter, and per-parameter temporaries for the sign update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from memfit.errors import BadInputError
+
+#: bitsandbytes Optimizer8bit: tensors with fewer elements than min_8bit_size (default 4096)
+#: keep 32-bit states.
+BNB_MIN_8BIT_SIZE = 4096
+#: bitsandbytes blockwise quantisation block size for optimizer states (F.quantize_blockwise).
+BNB_BLOCK_SIZE = 256
+#: bitsandbytes dynamic quantisation map: 256 float32 entries (create_dynamic_map).
+BNB_QMAP_ENTRIES = 256
+
+DEFAULT_LR = 1e-4
+
+
+class AdamW8bitLayout(torch.optim.Optimizer):
+    """Memory layout of bitsandbytes.optim.AdamW8bit; see the module docstring."""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float = DEFAULT_LR) -> None:
+        super().__init__(params, {"lr": lr})
+        self._qmap: torch.Tensor | None = None
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    if p.numel() < BNB_MIN_8BIT_SIZE:
+                        state["state1"] = torch.zeros_like(p, dtype=torch.float32)
+                        state["state2"] = torch.zeros_like(p, dtype=torch.float32)
+                    else:
+                        if self._qmap is None:
+                            self._qmap = torch.zeros(
+                                BNB_QMAP_ENTRIES, dtype=torch.float32, device=p.device
+                            )
+                        blocks = (p.numel() + BNB_BLOCK_SIZE - 1) // BNB_BLOCK_SIZE
+                        state["state1"] = torch.zeros_like(p, dtype=torch.uint8)
+                        state["state2"] = torch.zeros_like(p, dtype=torch.uint8)
+                        state["absmax1"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
+                        state["absmax2"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
+                        state["qmap1"] = self._qmap
+                        state["qmap2"] = self._qmap
+                state["step"] += 1
+                # bnb's fused kernel updates states and weights in place: no temporaries.
+                p.add_(p.grad, alpha=-group["lr"])
+        return None
+
+
+class Lion(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023), laid out as lion-pytorch: one momentum buffer per parameter."""
+
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        lr: float = DEFAULT_LR,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+    ) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p)
+                exp_avg = state["exp_avg"]
+                p.mul_(1 - group["lr"] * group["weight_decay"])
+                update = exp_avg.clone().mul_(beta1).add(p.grad, alpha=1 - beta1).sign_()
+                p.add_(update, alpha=-group["lr"])
+                exp_avg.mul_(beta2).add_(p.grad, alpha=1 - beta2)
+        return None
+
+
+def build_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer | None:
+    """The optimizer `name` over `params`, configured as CUDA would run it by default."""
+    if name == "none":
+        return None
+    if not params:
+        raise BadInputError(
+            "No parameter requires grad, so there is nothing to optimize. Unfreeze some "
+            "parameters, add LoRA (--lora-rank), or use --optimizer none / --mode inference."
+        )
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=DEFAULT_LR, foreach=True)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, lr=DEFAULT_LR, momentum=0.9, foreach=True)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=DEFAULT_LR, foreach=True)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=DEFAULT_LR, foreach=True)
+    if name == "adamw-fused":
+        return torch.optim.AdamW(params, lr=DEFAULT_LR, fused=True)
+    if name == "adafactor":
+        return torch.optim.Adafactor(params, lr=1e-2, foreach=True)
+    if name == "adamw-8bit":
+        return AdamW8bitLayout(params)
+    if name == "lion":
+        return Lion(params)
+    raise BadInputError(f"Unknown optimizer {name!r}.")
+
+
+def host_state_keys(optimizer: torch.optim.Optimizer) -> frozenset[str]:
+    """State entries that CUDA keeps in host memory for this optimizer.
+
+    torch.optim Adam/AdamW/Adafactor keep `step` as a CPU scalar tensor unless fused or
+    capturable (Adam._init_group, Adafactor._init_group).
+    """
+    defaults = optimizer.defaults
+    if defaults.get("fused") or defaults.get("capturable"):
+        return frozenset()
+    return frozenset({"step"})

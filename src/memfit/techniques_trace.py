@@ -1,0 +1,118 @@
+"""Techniques applied to the model before tracing: LoRA, frozen parameters, checkpointing.
+
+These change the model the same way `memfit.apply_` will change the user's model, so that the
+estimate measures what the user will run.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from memfit.errors import BadInputError
+from memfit.sources import ModelSpec
+from memfit.workload import Workload
+
+
+def prepare_model(model: torch.nn.Module, w: Workload, spec: ModelSpec) -> torch.nn.Module:
+    """Freeze what the workload freezes and add LoRA adapters (through peft)."""
+    if w.freeze:
+        matched = False
+        for name, p in model.named_parameters():
+            if any(name == f or name.startswith(f + ".") for f in w.freeze):
+                p.requires_grad_(False)
+                matched = True
+        if not matched:
+            raise BadInputError(
+                f"--freeze {','.join(w.freeze)!r} matches no parameter of {spec.name!r}. "
+                "Give module-name prefixes such as 'model.embed_tokens'."
+            )
+    if w.lora is not None:
+        model = _add_lora(model, w, spec)
+    return model
+
+
+def default_lora_targets(model: torch.nn.Module) -> list[str]:
+    """Names (last path component) of the nn.Linear layers inside repeated blocks."""
+    from memfit.trace import find_repeated_blocks
+
+    blocks = find_repeated_blocks(model)
+    if not blocks:
+        raise BadInputError(
+            "LoRA without --lora-targets needs a stack of repeated blocks to find the linear "
+            "layers; name them instead, e.g. --lora-targets q_proj,v_proj."
+        )
+    first = model.get_submodule(blocks[0])
+    names = {
+        n.rsplit(".", 1)[-1] for n, m in first.named_modules() if isinstance(m, torch.nn.Linear)
+    }
+    return sorted(names)
+
+
+def _add_lora(model: torch.nn.Module, w: Workload, spec: ModelSpec) -> torch.nn.Module:
+    assert w.lora is not None
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:
+        raise ImportError(
+            "LoRA estimates use peft: install it with `pip install memfit[lora]`."
+        ) from e
+    targets = list(w.lora.targets) or default_lora_targets(model)
+    present = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    missing = [t for t in targets if t not in present and not any(
+        n.endswith("." + t) for n, _ in model.named_modules())]  # fmt: skip
+    if missing:
+        linear = sorted(
+            {
+                n.rsplit(".", 1)[-1]
+                for n, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear)
+            }
+        )
+        raise BadInputError(
+            f"LoRA target(s) {', '.join(repr(m) for m in missing)} match no module of "
+            f"{spec.name!r}. Its linear layers are named: {', '.join(linear)}."
+        )
+    cfg = LoraConfig(r=w.lora.rank, lora_alpha=w.lora.alpha, target_modules=targets,
+                     lora_dropout=0.0)  # fmt: skip
+    return get_peft_model(model, cfg)
+
+
+#: Called as f(block_path, entering) when a checkpointed block's forward starts and ends, in
+#: the original forward and in its recomputation during backward. The tracker listens, to
+#: attribute recomputed memory to the block and to run the CUDA emulation there too.
+region_listeners: list[Callable[[str, bool], None]] = []
+
+
+def checkpoint_blocks(model: torch.nn.Module, block_paths: list[str]) -> None:
+    """Wrap each block's forward in non-reentrant activation checkpointing (in place).
+
+    Wrapping twice is a no-op: the wrapped forward is marked.
+    """
+    for path in block_paths:
+        block = model.get_submodule(path)
+        fwd = block.forward
+        if getattr(fwd, "_memfit_checkpointed", False):
+            continue
+
+        def run(*args: Any, _fwd=fwd, _path=path, **kwargs: Any) -> Any:
+            for f in region_listeners:
+                f(_path, True)
+            try:
+                return _fwd(*args, **kwargs)
+            finally:
+                for f in region_listeners:
+                    f(_path, False)
+
+        @functools.wraps(fwd)
+        def wrapped(*args: Any, _fwd=fwd, _run=run, **kwargs: Any) -> Any:
+            if not torch.is_grad_enabled():
+                return _fwd(*args, **kwargs)
+            return checkpoint(_run, *args, use_reentrant=False, **kwargs)
+
+        wrapped._memfit_checkpointed = True  # type: ignore[attr-defined]
+        block.forward = wrapped  # type: ignore[method-assign]

@@ -1,0 +1,407 @@
+"""The tracker: every storage allocated and freed during a step, with who and why.
+
+`Tracker` is a TorchDispatchMode. It sits below autograd, so it sees every aten kernel that runs
+(after composite ops are decomposed), including the kernels autograd runs in backward. For each
+op's outputs it looks at the untyped storage; a storage it has not seen is a new allocation. A
+`weakref.finalize` on the storage object records the free: PyTorch keeps one Python object per
+live storage, so the finalizer runs exactly when the storage's memory is released. Views and
+in-place results share a storage and are counted once; so are tied weights.
+
+Context of each event:
+- phase ("forward", "backward", "optimizer", "zero_grad", "setup") and step, set by the driver;
+- module path: in forward, from global module hooks; in backward, from autograd-node metadata.
+  At each module boundary the tracker walks the new part of the autograd graph and tags its
+  nodes with the module (see Note: [Backward attribution]);
+- op: the aten op that allocated (or during which the free happened);
+- owner: the index of the repeated block (e.g. decoder layer) the event belongs to, which the
+  replay of repeated blocks needs.
+
+Note: [Backward attribution]
+    In backward, no module hook runs, but `torch._C._current_autograd_node()` returns the node
+    being executed, and every node has a `metadata` dict. Before a module's forward starts we
+    tag the untagged nodes reachable from its inputs with the enclosing module; when it ends we
+    tag the untagged nodes reachable from its outputs with the module itself. Walks stop at
+    tagged nodes, so each node is visited once and belongs to the innermost module that created
+    it.
+
+Categories (see `CATEGORIES`) are decided per storage and may be revised once its role is known:
+a forward allocation is an activation if it outlives the forward region that made it, else a
+temporary; a backward allocation becomes a gradient when AccumulateGrad stores it in `.grad`;
+an optimizer allocation becomes optimizer state when it is found in `optimizer.state`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+CATEGORIES = (
+    "parameters",
+    "buffers",
+    "gradients",
+    "optimizer_state",
+    "inputs",
+    "activations",
+    "temporaries",
+    "workspaces",
+)
+
+ALLOC = 1
+FREE = -1
+
+#: The op name of frees that happen outside any op (autograd releasing saved tensors, `del`).
+RELEASE_OP = "<release>"
+
+#: CUDACachingAllocator.cpp, kMinBlockSize: every block is a multiple of 512 bytes.
+CUDA_BLOCK_ROUNDING = 512
+
+_META_KEY = "memfit"
+
+
+def cuda_block_size(nbytes: int) -> int:
+    """Bytes the CUDA caching allocator reserves for a request (CUDACachingAllocator round_size).
+
+    A zero-byte request allocates nothing; anything else is rounded up to 512 bytes.
+    """
+    if nbytes <= 0:
+        return 0
+    return (nbytes + CUDA_BLOCK_ROUNDING - 1) // CUDA_BLOCK_ROUNDING * CUDA_BLOCK_ROUNDING
+
+
+@dataclass(slots=True)
+class StorageRecord:
+    """One storage, as it was allocated. `category` may be revised later (see module doc)."""
+
+    sid: int
+    nbytes: int
+    category: str
+    phase: str
+    step: int
+    op: str
+    module: str
+    owner: int
+    region: int
+    host: bool = False
+
+
+# An event: (kind, sid, phase, step, op, module, owner). For ALLOC the context is the
+# allocation's; for FREE it is the context at the moment of the free.
+Event = tuple[int, int, str, int, str, str, int]
+
+
+class Tracker(TorchDispatchMode):
+    """Records allocations and frees of storages. Use as a context manager around the step.
+
+    Args:
+        model: the traced model (module paths are taken from its `named_modules`).
+        block_paths: module paths of the repeated blocks, in order; the owner of an event is the
+            index of the block it happens in, or -1.
+    """
+
+    def __init__(self, model: torch.nn.Module, block_paths: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.records: dict[int, StorageRecord] = {}
+        self.events: list[Event] = []
+        self.phase = "setup"
+        self.step = 0
+        self._op = RELEASE_OP
+        self._next_sid = 0
+        self._live: dict[int, int] = {}  # id(storage) -> sid
+        self._finalizers: list[weakref.finalize] = []
+        self._stack: list[tuple[str, int]] = []
+        self._region = 0
+        self._region_counter = 0
+        self._closed = False
+        self._hooks: list[Any] = []
+        paths = list(block_paths)
+        self._names: dict[int, str] = {}
+        self._owner: dict[int, int] = {}
+        self._owner_by_name: dict[str, int] = {}
+        for name, mod in model.named_modules():
+            self._names[id(mod)] = name
+            owner = -1
+            for i, p in enumerate(paths):
+                if name == p or name.startswith(p + "."):
+                    owner = i
+                    break
+            self._owner[id(mod)] = owner
+            self._owner_by_name[name] = owner
+        self.attention_backends: list[str] = []
+        #: Owner of the parameter the optimizer works on (set by OwnerTrackingState), used for
+        #: allocations with no tensor input, such as Adam's `state["step"]`.
+        self.param_owner = -1
+
+    def owner_of_path(self, path: str) -> int:
+        """Index of the repeated block that module `path` belongs to, or -1."""
+        return self._owner_by_name.get(path, -1)
+
+    # -- context --------------------------------------------------------------------------
+
+    def context(self) -> tuple[str, int]:
+        """(module path, owner) of whatever is running now."""
+        if self._stack:
+            return self._stack[-1]
+        if self.phase == "backward":
+            node = torch._C._current_autograd_node()
+            if node is not None:
+                tag = node.metadata.get(_META_KEY)
+                if tag is not None:
+                    return tag
+        return ("", -1)
+
+    def in_forward_region(self) -> bool:
+        """True while forward code runs: the forward phase or a checkpoint recomputation."""
+        return self.phase == "forward" or (self.phase == "backward" and bool(self._stack))
+
+    def set_phase(self, phase: str, step: int | None = None) -> None:
+        self.phase = phase
+        if step is not None:
+            self.step = step
+        if phase == "forward":
+            self._region_counter += 1
+            self._region = self._region_counter
+        else:
+            self._region = 0
+
+    # -- registration of pre-existing tensors -----------------------------------------------
+
+    def register(
+        self, tensor: torch.Tensor, category: str, module: str = "", owner: int = -1
+    ) -> None:
+        """Record a tensor that exists before tracing starts (parameters, buffers, inputs)."""
+        self._track(tensor, category=category, module=module, owner=owner, op="<" + category + ">")
+
+    def mark(self, tensor: torch.Tensor, category: str, *, host: bool = False) -> None:
+        """Revise the category of the storage behind `tensor` (e.g. a new gradient)."""
+        sid = self._live.get(id(tensor.untyped_storage()))
+        if sid is None:
+            return
+        rec = self.records[sid]
+        rec.category = category
+        rec.host = host
+
+    def sid_of(self, tensor: torch.Tensor) -> int | None:
+        return self._live.get(id(tensor.untyped_storage()))
+
+    # -- dispatch ---------------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        prev = self._op
+        name = func.__name__ if hasattr(func, "__name__") else str(func)
+        self._op = name
+        try:
+            out = func(*args, **(kwargs or {}))
+        except DataDependentOutputException:
+            # Optimizers read scalars for arithmetic only (Adafactor's parameter RMS, found-inf
+            # checks); no allocation depends on the value, so a neutral 1 stands in. In forward
+            # and backward a value can decide shapes, so it stays an error there.
+            if func is not torch.ops.aten._local_scalar_dense.default or self.phase in (
+                "forward",
+                "backward",
+            ):
+                raise
+            out = True if args[0].dtype == torch.bool else 1
+        finally:
+            self._op = prev
+        if self._closed:
+            return out
+        owner_hint = None
+        if not self._stack and self.phase not in ("forward", "backward"):
+            owner_hint = self._input_owners(name, args)
+        leaves = pytree.tree_leaves(out)
+        for i, t in enumerate(leaves):
+            if isinstance(t, torch.Tensor):
+                hint = -1
+                if owner_hint is not None:
+                    hint = owner_hint[i] if i < len(owner_hint) else owner_hint[-1]
+                self._track(t, op=name, owner=hint)
+        return out
+
+    def _input_owners(self, name: str, args: Any) -> list[int]:
+        """Owner of each output outside forward/backward: that of the matching input.
+
+        `_foreach_*` ops map output i to element i of their first list argument; other ops
+        take the owner of their first tensor input that has one.
+        """
+        if name.startswith("_foreach") or name.startswith("_fused"):
+            for a in args:
+                if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+                    return [self._owner_of_tensor(t) for t in a]
+        for t in pytree.tree_leaves(args):
+            if isinstance(t, torch.Tensor):
+                o = self._owner_of_tensor(t)
+                if o >= 0:
+                    return [o]
+        return [self.param_owner]
+
+    def _owner_of_tensor(self, t: torch.Tensor) -> int:
+        sid = self._live.get(id(t.untyped_storage()))
+        return self.records[sid].owner if sid is not None else -1
+
+    def _track(
+        self,
+        t: torch.Tensor,
+        *,
+        op: str,
+        category: str | None = None,
+        module: str | None = None,
+        owner: int = -1,
+    ) -> None:
+        storage = t.untyped_storage()
+        key = id(storage)
+        if key in self._live:
+            return
+        sid = self._next_sid
+        self._next_sid += 1
+        if module is None:
+            module, ctx_owner = self.context()
+            if ctx_owner >= 0 or self.phase in ("forward", "backward"):
+                owner = ctx_owner
+        if category is None:
+            category = "activations" if self.in_forward_region() else "temporaries"
+        nbytes = storage.nbytes()
+        rec = StorageRecord(
+            sid, nbytes, category, self.phase, self.step, op, module, owner, self._region
+        )
+        self.records[sid] = rec
+        self._live[key] = sid
+        self.events.append((ALLOC, sid, self.phase, self.step, op, module, owner))
+        self._finalizers.append(weakref.finalize(storage, self._on_free, key, sid))
+
+    def _on_free(self, key: int, sid: int) -> None:
+        if self._live.get(key) == sid:
+            del self._live[key]
+        if self._closed:
+            return
+        rec = self.records[sid]
+        if rec.category == "activations" and rec.region == self._region and rec.region != 0:
+            rec.category = "temporaries"
+        module, owner = self.context()
+        if self.phase not in ("forward", "backward") and not self._stack:
+            owner = rec.owner
+        self.events.append((FREE, sid, self.phase, self.step, self._op, module, owner))
+
+    # -- module hooks -----------------------------------------------------------------------
+
+    def _pre_hook(self, module: torch.nn.Module, args: Any) -> None:
+        if self._closed:
+            return
+        enclosing = self.context() if self._stack else ("", -1)
+        _tag_graph(args, enclosing)
+        mid = id(module)
+        name = self._names.get(mid, type(module).__name__)
+        owner = self._owner.get(mid, -1)
+        if owner < 0 and self._stack:
+            owner = self._stack[-1][1]
+        self._stack.append((name, owner))
+
+    def _post_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._closed or not self._stack:
+            return
+        ctx = self._stack.pop()
+        _tag_graph(output, ctx)
+
+    def on_region_end(self) -> None:
+        """Called when a recomputation in backward ends (the driver clears the autocast cache)."""
+
+    def on_region_start(self) -> None:
+        """Called when a recomputation in backward starts (the driver enters the emulation)."""
+
+    def block_region(self, path: str, entering: bool) -> None:
+        """A checkpointed block starts or ends (see techniques_trace.region_listeners).
+
+        In backward this is a recomputation: its allocations are activations of a new forward
+        region, attributed to the block.
+        """
+        if self._closed or self.phase != "backward":
+            return
+        if entering:
+            self._region_counter += 1
+            self._region = self._region_counter
+            self._stack.append((path, self.owner_of_path(path)))
+            self.on_region_start()
+        else:
+            if self._stack:
+                self._stack.pop()
+            if not self._stack:
+                self._region = 0
+            self.on_region_end()
+
+    def __enter__(self) -> Tracker:
+        from torch.nn.modules.module import (
+            register_module_forward_hook,
+            register_module_forward_pre_hook,
+        )
+
+        from memfit.techniques_trace import region_listeners
+
+        self._hooks = [
+            register_module_forward_pre_hook(self._pre_hook),
+            register_module_forward_hook(self._post_hook, always_call=True),
+        ]
+        region_listeners.append(self.block_region)
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from memfit.techniques_trace import region_listeners
+
+        super().__exit__(*exc)
+        if self.block_region in region_listeners:
+            region_listeners.remove(self.block_region)
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def close(self) -> None:
+        """Stop recording; detach every finalizer so nothing fires after the trace."""
+        self._closed = True
+        for f in self._finalizers:
+            f.detach()
+        self._finalizers = []
+
+
+class OwnerTrackingState(dict):
+    """`optimizer.state` stand-in that tells the tracker which parameter is being worked on.
+
+    torch.optim optimizers look up `self.state[p]` before creating p's state, so allocations
+    made then (like Adam's scalar `step`) are owned by p's block.
+    """
+
+    def __init__(self, tracker: Tracker, owners: dict[int, int]) -> None:
+        super().__init__()
+        self._tracker = tracker
+        self._owners = owners
+
+    def __missing__(self, key: Any) -> dict:
+        value: dict = {}
+        self[key] = value
+        return value
+
+    def __getitem__(self, key: Any) -> Any:
+        self._tracker.param_owner = self._owners.get(id(key), -1)
+        return super().__getitem__(key)
+
+
+def _tag_graph(roots: Any, ctx: tuple[str, int]) -> None:
+    stack = [
+        t.grad_fn
+        for t in pytree.tree_leaves(roots)
+        if isinstance(t, torch.Tensor) and t.grad_fn is not None
+    ]
+    while stack:
+        node = stack.pop()
+        md = node.metadata
+        if _META_KEY in md:
+            continue
+        md[_META_KEY] = ctx
+        for nxt, _ in node.next_functions:
+            if nxt is not None:
+                stack.append(nxt)

@@ -1,0 +1,163 @@
+"""What is being estimated: the training (or inference) step a user wants to run.
+
+A `Workload` is a frozen, keyword-only description of one step: batch, sequence length (or image
+size), mode, precision, optimizer and memory techniques. It is validated on construction, so a
+bad value fails early with a message that quotes it and says the fix.
+
+Example:
+    >>> from memfit import Workload
+    >>> Workload(batch_size=4, seq_len=512, precision="bf16-mixed", optimizer="adamw")
+    Workload(batch_size=4, seq_len=512, ...)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from memfit.errors import BadInputError, closest
+
+#: Precision recipes. "-mixed" keeps fp32 weights and runs matmuls under autocast (CUDA policy);
+#: "-true" casts the whole model (weights, gradients, optimizer state) to the 16-bit dtype.
+PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "fp16-true", "bf16-true")
+
+#: Optimizers, laid out in memory as their CUDA implementations keep state.
+OPTIMIZERS = (
+    "sgd",
+    "sgd-momentum",
+    "adam",
+    "adamw",
+    "adamw-fused",
+    "adafactor",
+    "adamw-8bit",
+    "lion",
+    "none",
+)
+
+MODES = ("train", "inference")
+CHECKPOINTING = ("off", "blocks")
+ATTENTION = ("sdpa", "eager")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraConfig:
+    """LoRA adapters on the named linear layers; the base model is frozen.
+
+    Attributes:
+        rank: adapter rank r (A is r x in_features, B is out_features x r).
+        alpha: scaling numerator (scale = alpha / rank); does not change memory.
+        targets: module-name suffixes to adapt, e.g. ("q_proj", "v_proj"). Empty means
+            "every nn.Linear inside the repeated blocks".
+    """
+
+    rank: int
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.rank <= 0:
+            raise BadInputError(f"LoRA rank must be a positive integer, got {self.rank!r}.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """One training or inference step.
+
+    Attributes:
+        batch_size: micro-batch size (samples per forward).
+        seq_len: tokens per sample for text models; ignored for images.
+        image_size: side of the square input image for vision models.
+        mode: "train" (forward, backward, optimizer step) or "inference" (forward under no_grad).
+        precision: one of PRECISIONS.
+        optimizer: one of OPTIMIZERS; "none" runs forward + backward without a step.
+        grad_accum: gradient-accumulation steps (micro-batches per optimizer step).
+        checkpointing: "off" or "blocks" (non-reentrant checkpoint on every repeated block).
+        lora: LoRA adapters, or None.
+        freeze: module-name prefixes whose parameters are frozen (no grad, no optimizer state).
+        attention: "sdpa" (PyTorch scaled_dot_product_attention) or "eager" (explicit softmax).
+        gpu: target GPU name from the catalog (decides the attention kernel and "fits"), or None.
+        steps: training steps traced; the first is warm-up (optimizer state is created), the
+            later ones are steady state. Two is enough for every optimizer memfit knows.
+    """
+
+    batch_size: int = 1
+    seq_len: int | None = None
+    image_size: int | None = None
+    mode: str = "train"
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    grad_accum: int = 1
+    checkpointing: str = "off"
+    lora: LoraConfig | None = None
+    freeze: tuple[str, ...] = ()
+    attention: str = "sdpa"
+    gpu: str | None = None
+    steps: int = 2
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _positive("batch_size", self.batch_size, "--batch")
+        if self.seq_len is not None:
+            _positive("seq_len", self.seq_len, "--seq")
+        if self.image_size is not None:
+            _positive("image_size", self.image_size, "--image-size")
+        _positive("grad_accum", self.grad_accum, "--grad-accum")
+        _positive("steps", self.steps, "steps")
+        _choice("mode", self.mode, MODES)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("checkpointing", self.checkpointing, CHECKPOINTING)
+        _choice("attention", self.attention, ATTENTION)
+
+    @property
+    def training(self) -> bool:
+        return self.mode == "train"
+
+    @property
+    def compute_dtype_name(self) -> str:
+        """The dtype matmuls run in: "float32", "float16" or "bfloat16"."""
+        if self.precision.startswith("fp16"):
+            return "float16"
+        if self.precision.startswith("bf16"):
+            return "bfloat16"
+        return "float32"
+
+    @property
+    def mixed(self) -> bool:
+        return self.precision.endswith("-mixed")
+
+    @property
+    def pure_low_precision(self) -> bool:
+        return self.precision.endswith("-true")
+
+    def techniques(self) -> list[str]:
+        """The memory techniques this workload uses, as short labels for reports."""
+        out = []
+        if self.grad_accum > 1:
+            out.append(f"grad-accum x{self.grad_accum}")
+        if self.checkpointing != "off":
+            out.append(f"checkpointing:{self.checkpointing}")
+        if self.lora is not None:
+            out.append(f"lora r={self.lora.rank}")
+        if self.freeze:
+            out.append("frozen:" + ",".join(self.freeze))
+        return out
+
+    def with_(self, **changes: Any) -> Workload:
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+
+def _positive(name: str, value: object, flag: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise BadInputError(
+            f"{name} must be a positive integer, got {value!r}. Pass e.g. {flag} 1."
+        )
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise BadInputError(
+            f"Unknown {name} {value!r}.{closest(value, list(allowed))} "
+            f"Choose one of: {', '.join(allowed)}."
+        )
