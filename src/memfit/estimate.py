@@ -93,6 +93,7 @@ def estimate(
     *,
     gpu: str | None = None,
     task: str | None = None,
+    alloc_conf: str | None = None,
 ) -> Estimate:
     """Estimate the peak memory of one step of `workload` on `model`.
 
@@ -102,10 +103,14 @@ def estimate(
         gpu: a GPU name from the catalog (`memfit gpus`); decides the attention kernel and
             `fits`. Overrides `workload.gpu`.
         task: the head for catalog/config models (e.g. "seq-classification").
+        alloc_conf: a PYTORCH_CUDA_ALLOC_CONF string for the allocator simulation, e.g.
+            "expandable_segments:True".
     """
+    from memfit.allocator_config import AllocatorConfig
     from memfit.device import attach_device_memory
 
     w = workload or Workload()
+    cfg = AllocatorConfig.from_string(alloc_conf) if alloc_conf else None
     if gpu is not None:
         w = w.with_(gpu=gpu)
     gpu_obj = None
@@ -132,5 +137,5 @@ def estimate(
         trace_seconds=seconds,
         gpu=gpu_obj,
     )
-    attach_device_memory(est, tr.records, tr.events)
+    attach_device_memory(est, tr.records, tr.events, alloc_conf=cfg)
     return est

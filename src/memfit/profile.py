@@ -56,6 +56,7 @@ class MemoryProfile:
     timeline: list[int]
     timeline_phases: list[tuple[int, str]]
     top_tensors: list[dict[str, Any]] = field(default_factory=list)
+    max_activation_bytes: int = 0
     peak_reserved_bytes: int | None = None
     device_total_bytes: int | None = None
     device_breakdown: dict[str, int] = field(default_factory=dict)
@@ -73,9 +74,15 @@ class MemoryProfile:
         timeline: list[int] = []
         tl_phases: list[tuple[int, str]] = []
         phase_peak: dict[tuple[int, str], int] = {}
+        act = 0
+        max_act = 0
         for i, ev in enumerate(events):
             kind, sid, phase, step = ev[0], ev[1], ev[2], ev[3]
-            live += sizes[sid] if kind == ALLOC else -sizes[sid]
+            delta = sizes[sid] if kind == ALLOC else -sizes[sid]
+            live += delta
+            if records[sid].category == "activations":
+                act += delta
+                max_act = max(max_act, act)
             timeline.append(live)
             key = (step, phase)
             tl_phases.append(key)
@@ -125,6 +132,7 @@ class MemoryProfile:
             timeline=timeline,
             timeline_phases=tl_phases,
             top_tensors=top_tensors,
+            max_activation_bytes=max_act,
         )
 
     def modules_at_depth(self, depth: int) -> dict[str, int]:

@@ -48,8 +48,9 @@ class ModelSpec:
 
     Attributes:
         name: display name.
-        build: `build(num_layers)` returns the model; `num_layers` (or None for all) shortens
-            the stack of repeated blocks when `can_shorten` is true.
+        build: `build(num_layers, attention)` returns the model; `num_layers` (or None for
+            all) shortens the stack of repeated blocks when `can_shorten` is true; `attention`
+            ("sdpa" or "eager") picks the attention implementation of models memfit builds.
         owns_model: True when memfit built the model and may change it in place.
         input_kind: "tokens", "seq2seq-tokens", "image", "audio" or "custom".
         task: the head, e.g. "causal-lm".
@@ -60,7 +61,7 @@ class ModelSpec:
     """
 
     name: str
-    build: Callable[[int | None], torch.nn.Module]
+    build: Callable[[int | None, str], torch.nn.Module]
     owns_model: bool
     input_kind: str
     task: str
@@ -81,7 +82,7 @@ def resolve_model(source: Any, *, task: str | None = None) -> ModelSpec:
         module = source
         return ModelSpec(
             name=type(module).__name__,
-            build=lambda _n: module,
+            build=lambda _n, _a: module,
             owns_model=False,
             input_kind=_guess_input_kind(module),
             task=task or "custom",
@@ -140,8 +141,8 @@ def _from_catalog(entry: Any, task: str | None) -> ModelSpec:
     key = entry.repeated_layers_key
     num_layers = int(entry.config[key]) if key else None
 
-    def build(n: int | None) -> torch.nn.Module:
-        return build_model(entry, task=chosen, num_layers=n)
+    def build(n: int | None, attention: str) -> torch.nn.Module:
+        return build_model(entry, task=chosen, num_layers=n, attn_implementation=attention)
 
     return ModelSpec(
         name=entry.name,
@@ -236,9 +237,10 @@ def _from_factory_string(text: str) -> ModelSpec:
 
 
 def _from_factory(fn: Callable[[], Any], make_batch: Any, name: str) -> ModelSpec:
-    def build(_n: int | None) -> torch.nn.Module:
+    def build(_n: int | None, _attention: str) -> torch.nn.Module:
         try:
-            model = fn()
+            with torch.device("meta"):
+                model = fn()
         except Exception as e:
             raise BadInputError(
                 f"The model factory {name!r} raised {type(e).__name__}; its traceback:\n"

@@ -70,12 +70,12 @@ def _add_lora(model: torch.nn.Module, w: Workload, spec: ModelSpec) -> torch.nn.
             {
                 n.rsplit(".", 1)[-1]
                 for n, m in model.named_modules()
-                if isinstance(m, torch.nn.Linear)
+                if n and not any(True for _ in m.children()) and hasattr(m, "weight")
             }
         )
         raise BadInputError(
             f"LoRA target(s) {', '.join(repr(m) for m in missing)} match no module of "
-            f"{spec.name!r}. Its linear layers are named: {', '.join(linear)}."
+            f"{spec.name!r}. Its layers with weights are named: {', '.join(linear)}."
         )
     cfg = LoraConfig(r=w.lora.rank, lora_alpha=w.lora.alpha, target_modules=targets,
                      lora_dropout=0.0)  # fmt: skip

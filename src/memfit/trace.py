@@ -199,9 +199,9 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
     low = _DTYPES[w.compute_dtype_name]
     if spec.owns_model:
         with torch.device("meta"):
-            model = spec.build(num_layers)
+            model = spec.build(num_layers, w.attention)
     else:
-        model = spec.build(num_layers)
+        model = spec.build(num_layers, w.attention)
     model = prepare_model(model, w, spec)  # LoRA / freeze (on meta or user module)
     model = materialize_fake(
         model, fake_mode, low if w.pure_low_precision else torch.float32, not spec.owns_model
@@ -250,7 +250,10 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
     if optimizer is not None:
         from memfit.tracer import OwnerTrackingState
 
-        owners = {id(p): owner_of_module(module_of.get(id(p), "")) for p in params}
+        owners = {
+            id(p): (owner_of_module(module_of.get(id(p), "")), module_of.get(id(p), ""))
+            for p in params
+        }
         optimizer.state = OwnerTrackingState(tracker, owners)  # type: ignore[assignment]
 
     with fake_mode, tracker:

@@ -137,6 +137,7 @@ class Tracker(TorchDispatchMode):
         #: Owner of the parameter the optimizer works on (set by OwnerTrackingState), used for
         #: allocations with no tensor input, such as Adam's `state["step"]`.
         self.param_owner = -1
+        self.param_module = ""
 
     def owner_of_path(self, path: str) -> int:
         """Index of the repeated block that module `path` belongs to, or -1."""
@@ -212,38 +213,43 @@ class Tracker(TorchDispatchMode):
             self._op = prev
         if self._closed:
             return out
-        owner_hint = None
+        origins = None
         if not self._stack and self.phase not in ("forward", "backward"):
-            owner_hint = self._input_owners(name, args)
+            origins = self._input_owners(name, args)
         leaves = pytree.tree_leaves(out)
         for i, t in enumerate(leaves):
             if isinstance(t, torch.Tensor):
-                hint = -1
-                if owner_hint is not None:
-                    hint = owner_hint[i] if i < len(owner_hint) else owner_hint[-1]
-                self._track(t, op=name, owner=hint)
+                if origins is None:
+                    self._track(t, op=name)
+                else:
+                    owner, module = origins[i] if i < len(origins) else origins[-1]
+                    self._track(t, op=name, owner=owner, module=module)
         return out
 
-    def _input_owners(self, name: str, args: Any) -> list[int]:
-        """Owner of each output outside forward/backward: that of the matching input.
+    def _input_owners(self, name: str, args: Any) -> list[tuple[int, str]]:
+        """(owner, module) of each output outside forward/backward: that of the matching input.
 
         `_foreach_*` ops map output i to element i of their first list argument; other ops
-        take the owner of their first tensor input that has one.
+        take the first tensor input that belongs to a module; allocations with no such input
+        belong to the parameter the optimizer is working on (OwnerTrackingState).
         """
         if name.startswith("_foreach") or name.startswith("_fused"):
             for a in args:
                 if isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-                    return [self._owner_of_tensor(t) for t in a]
+                    return [self._origin_of_tensor(t) for t in a]
         for t in pytree.tree_leaves(args):
             if isinstance(t, torch.Tensor):
-                o = self._owner_of_tensor(t)
-                if o >= 0:
-                    return [o]
-        return [self.param_owner]
+                origin = self._origin_of_tensor(t)
+                if origin[0] >= 0 or origin[1]:
+                    return [origin]
+        return [(self.param_owner, self.param_module)]
 
-    def _owner_of_tensor(self, t: torch.Tensor) -> int:
+    def _origin_of_tensor(self, t: torch.Tensor) -> tuple[int, str]:
         sid = self._live.get(id(t.untyped_storage()))
-        return self.records[sid].owner if sid is not None else -1
+        if sid is None:
+            return (-1, "")
+        rec = self.records[sid]
+        return (rec.owner, rec.module)
 
     def _track(
         self,
@@ -375,7 +381,7 @@ class OwnerTrackingState(dict):
     made then (like Adam's scalar `step`) are owned by p's block.
     """
 
-    def __init__(self, tracker: Tracker, owners: dict[int, int]) -> None:
+    def __init__(self, tracker: Tracker, owners: dict[int, tuple[int, str]]) -> None:
         super().__init__()
         self._tracker = tracker
         self._owners = owners
@@ -386,7 +392,9 @@ class OwnerTrackingState(dict):
         return value
 
     def __getitem__(self, key: Any) -> Any:
-        self._tracker.param_owner = self._owners.get(id(key), -1)
+        owner, module = self._owners.get(id(key), (-1, ""))
+        self._tracker.param_owner = owner
+        self._tracker.param_module = module
         return super().__getitem__(key)
 
 

@@ -1,0 +1,188 @@
+"""The `memfit` command: a thin layer over the library (parse, call, render, exit code).
+
+Exit codes: 0 success (fits, or no GPU named); 1 does not fit; 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from memfit.errors import MemfitError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="memfit: peak GPU memory of PyTorch training and inference, estimated on a CPU.",
+)
+
+EXIT_OK = 0
+EXIT_DOES_NOT_FIT = 1
+EXIT_BAD_INPUT = 2
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(EXIT_BAD_INPUT)
+
+
+@app.command()
+def estimate(
+    model: Annotated[
+        str,
+        typer.Argument(
+            help="Catalog name (see `memfit models`), HF config.json, or file.py:build."
+        ),
+    ],
+    batch: Annotated[int, typer.Option(help="Micro-batch size.")] = 1,
+    seq: Annotated[int | None, typer.Option(help="Tokens per sample (text models).")] = None,
+    image_size: Annotated[
+        int | None, typer.Option("--image-size", help="Image side in pixels (vision models).")
+    ] = None,
+    task: Annotated[
+        str | None, typer.Option(help="Model head, e.g. causal-lm, seq-classification.")
+    ] = None,
+    mode: Annotated[str, typer.Option(help="train or inference.")] = "train",
+    precision: Annotated[
+        str, typer.Option(help="fp32, fp16-mixed, bf16-mixed, fp16-true or bf16-true.")
+    ] = "fp32",
+    optimizer: Annotated[
+        str,
+        typer.Option(
+            help="sgd, sgd-momentum, adam, adamw, adamw-fused, adafactor, adamw-8bit, lion, none."
+        ),
+    ] = "adamw",
+    grad_accum: Annotated[
+        int, typer.Option("--grad-accum", help="Gradient-accumulation steps.")
+    ] = 1,
+    checkpointing: Annotated[
+        str, typer.Option(help="Activation checkpointing: off or blocks.")
+    ] = "off",
+    lora_rank: Annotated[
+        int | None, typer.Option("--lora-rank", help="Add LoRA adapters of this rank.")
+    ] = None,
+    lora_targets: Annotated[
+        str | None,
+        typer.Option("--lora-targets", help="Comma-separated module names, e.g. q_proj,v_proj."),
+    ] = None,
+    attention: Annotated[str, typer.Option(help="sdpa or eager.")] = "sdpa",
+    gpu: Annotated[
+        str | None, typer.Option(help="Target GPU (see `memfit gpus`); gives a verdict.")
+    ] = None,
+    alloc_conf: Annotated[
+        str | None,
+        typer.Option("--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF to simulate."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report.")] = False,
+) -> None:
+    """Estimate peak GPU memory of one training (or inference) step, without a GPU."""
+    from memfit.workload import LoraConfig, Workload
+
+    try:
+        lora = None
+        if lora_targets and lora_rank is None:
+            raise _fail("--lora-targets needs --lora-rank (e.g. --lora-rank 8).")
+        if lora_rank is not None:
+            targets = tuple(t.strip() for t in (lora_targets or "").split(",") if t.strip())
+            lora = LoraConfig(rank=lora_rank, targets=targets)
+        w = Workload(
+            batch_size=batch,
+            seq_len=seq,
+            image_size=image_size,
+            mode=mode,
+            precision=precision,
+            optimizer=optimizer if mode == "train" else "none",
+            grad_accum=grad_accum,
+            checkpointing=checkpointing,
+            lora=lora,
+            attention=attention,
+            gpu=gpu,
+        )
+        from memfit.estimate import estimate as run_estimate
+
+        est = run_estimate(model, w, task=task, alloc_conf=alloc_conf)
+    except (MemfitError, ImportError) as e:
+        raise _fail(str(e)) from None
+    from memfit import report
+
+    if as_json:
+        typer.echo(json.dumps(report.to_json(est), indent=2))
+    else:
+        from rich.console import Console
+
+        Console(highlight=False, soft_wrap=True).print(report.render_text(est), markup=False)
+    raise typer.Exit(EXIT_DOES_NOT_FIT if est.fits is False else EXIT_OK)
+
+
+@app.command()
+def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the built-in model catalog."""
+    from memfit.model_catalog import list_models
+
+    entries = list_models()
+    if as_json:
+        rows = [
+            {"name": m.name, "hf_id": m.hf_id, "task": m.task, "parameters": m.parameter_count}
+            for m in entries
+        ]
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("name", "parameters", "default task", "source")
+    for m in entries:
+        table.add_row(m.name, f"{m.parameter_count:,}", m.task, m.hf_id or "memfit.zoo")
+    Console().print(table)
+
+
+@app.command()
+def gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List the GPU catalog: memory as the driver reports it, compute capability, features."""
+    from memfit.gpus import list_gpus
+    from memfit.report import format_bytes
+
+    entries = list_gpus()
+    if as_json:
+        rows = [
+            {
+                "name": g.name,
+                "total_memory_bytes": g.total_memory_bytes,
+                "compute_capability": list(g.compute_capability),
+                "bf16": g.bf16,
+                "flash_attention": g.flash_attention,
+            }
+            for g in entries
+        ]
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("name", "memory (torch)", "compute cap.", "bf16", "flash attn", "model")
+    for g in entries:
+        cc = f"{g.compute_capability[0]}.{g.compute_capability[1]}"
+        table.add_row(
+            g.name,
+            format_bytes(g.total_memory_bytes),
+            cc,
+            "yes" if g.bf16 else "no",
+            "yes" if g.flash_attention else "no",
+            g.display_name,
+        )
+    Console().print(table)
+
+
+def main() -> None:
+    """Entry point of the `memfit` console script."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""The CLI: README commands, the JSON contract, exit codes, and bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from memfit.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```bash\n(.*?)```", text, re.S)
+    assert block is not None, "README must start with a bash block of set-up commands"
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_readme_has_exactly_two_setup_commands():
+    cmds = readme_commands()
+    assert len(cmds) == 2
+    assert "memfit estimate" in cmds[0]
+    assert "pytest" in cmds[1]
+
+
+def test_readme_main_job_runs_and_fits():
+    # Run the memfit part of the README's first command (the install part is CI's job).
+    main_job = readme_commands()[0].split("&&", 1)[1].strip()
+    assert main_job.startswith("memfit ")
+    args = main_job.split()[1:]
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    assert "FITS on NVIDIA H100" in result.output
+    assert "6,738,415,616 parameters" in result.output
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text()
+    test_cmd = readme_commands()[1].split("&&")[-1].strip()
+    assert test_cmd in ci
+
+
+def test_json_contract_llama_7b_bf16_true():
+    result = run(
+        "estimate", "llama-2-7b", "--batch", "1", "--seq", "2048",
+        "--precision", "bf16-true", "--optimizer", "adamw", "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    for key in (
+        "peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes", "fits",
+        "breakdown", "peak_phase", "peak_op", "peak_module", "by_module", "workload",
+    ):  # fmt: skip
+        assert key in out
+    n = 6_738_415_616
+    w = out["workload"]
+    assert w["parameter_count"] == n
+    assert w["trainable_parameter_count"] == n
+    assert w["precision"] == "bf16-true" and w["optimizer"] == "adamw"
+    b = out["breakdown"]
+    for key in ("parameters", "buffers", "gradients", "optimizer_state", "inputs",
+                "activations", "temporaries", "allocator_cache", "cuda_context", "workspaces"):  # fmt: skip
+        assert key in b
+    # Every Llama-2-7B tensor is a multiple of 512 B in bf16 (the smallest, a 4096-wide norm
+    # weight, is 8192 B), so rounding adds nothing: exactly 2 B/param for weights and grads.
+    assert b["parameters"] == 2 * n
+    assert b["gradients"] == 2 * n
+    # The peak is in the warm-up optimizer step, when both bf16 moments exist: 4 B/param.
+    # foreach AdamW keeps its step counters on the host, so nothing else is optimizer state.
+    assert out["peak_phase"] == "optimizer"
+    assert b["optimizer_state"] == 4 * n
+    assert out["peak_allocated_bytes"] > 8 * n
+    assert out["peak_reserved_bytes"] >= out["peak_allocated_bytes"]
+    assert out["device_total_bytes"] > out["peak_reserved_bytes"]
+    assert out["fits"] is None  # no GPU named
+
+
+def test_does_not_fit_exit_1():
+    result = run("estimate", "llama-2-7b", "--seq", "2048", "--precision", "bf16-true",
+                 "--gpu", "rtx-4090")  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert "DOES NOT FIT" in result.output
+    assert "CUDA out of memory. Tried to allocate" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["estimate", "lama-2-7b"], "llama-2-7b"),
+        (["estimate", "gpt2", "--batch", "0"], "--batch"),
+        (["estimate", "gpt2", "--batch", "-3"], "-3"),
+        (["estimate", "gpt2", "--precision", "bf17"], "bf16"),
+        (["estimate", "gpt2", "--optimizer", "adamm"], "adam"),
+        (["estimate", "gpt2", "--gpu", "rtx-4091"], "rtx-4090"),
+        (["estimate", "gpt2", "--seq", "4096"], "1024"),
+        (["estimate", "gpt2", "--lora-rank", "4", "--lora-targets", "q_proj"], "c_attn"),
+        (["estimate", "gpt2", "--alloc-conf", "expandable_segmentz:True"], "expandable_segments"),
+        (["estimate", "missing/config.json"], "does not exist"),
+        (["estimate", "nofile.py:build"], "does not exist"),
+    ],
+)
+def test_bad_input_exit_2_names_value(args, needle):
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+    assert "Traceback" not in result.output
+
+
+def test_factory_that_raises_shows_its_traceback(tmp_path):
+    f = tmp_path / "bad_model.py"
+    f.write_text("def build():\n    raise RuntimeError('boom in user code')\n")
+    result = run("estimate", f"{f}:build")
+    assert result.exit_code == 2
+    assert "boom in user code" in result.output
+    assert "raised RuntimeError" in result.output
+
+
+def test_factory_with_make_batch(tmp_path):
+    f = tmp_path / "mlp.py"
+    f.write_text(
+        "import torch\n"
+        "def build():\n"
+        "    return torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(),\n"
+        "                               torch.nn.Linear(256, 10))\n"
+        "def make_batch(batch_size):\n"
+        "    return torch.randn(batch_size, 128)\n"
+    )
+    result = run("estimate", f"{f}:build", "--batch", "4", "--optimizer", "sgd", "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    # Linear(128,256): 128*256 + 256 = 33,024 params; Linear(256,10): 2,570.
+    assert out["workload"]["parameter_count"] == 128 * 256 + 256 + 256 * 10 + 10
+
+
+def test_models_and_gpus_list():
+    result = run("models", "--json")
+    assert result.exit_code == 0
+    names = {m["name"] for m in json.loads(result.output)}
+    assert {"gpt2", "llama-2-7b", "resnet-50", "whisper-small"} <= names
+    result = run("gpus", "--json")
+    assert result.exit_code == 0
+    gpus = {g["name"]: g for g in json.loads(result.output)}
+    assert gpus["t4"]["flash_attention"] is False and gpus["h100-sxm"]["bf16"] is True
+
+
+def test_console_script_entry_point():
+    # The installed `memfit` script (subprocess: what a user types).
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "memfit.cli",
+            "estimate",
+            "gpt2",
+            "--batch",
+            "2",
+            "--seq",
+            "64",
+            "--gpu",
+            "t4",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "FITS on" in proc.stdout

@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import pytest
+
+from memfit import BadInputError, LoraConfig, Workload
+
+
+def test_defaults_and_properties():
+    w = Workload(batch_size=4, seq_len=128, precision="bf16-mixed")
+    assert w.training and w.mixed and not w.pure_low_precision
+    assert w.compute_dtype_name == "bfloat16"
+    assert Workload(precision="fp16-true").compute_dtype_name == "float16"
+    assert Workload(grad_accum=4, checkpointing="blocks").techniques() == [
+        "grad-accum x4",
+        "checkpointing:blocks",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "quoted"),
+    [
+        ({"batch_size": 0}, "0"),
+        ({"batch_size": -1}, "-1"),
+        ({"seq_len": 0}, "0"),
+        ({"precision": "fp8"}, "'fp8'"),
+        ({"optimizer": "adamw8bit"}, "adamw-8bit"),
+        ({"mode": "eval"}, "'eval'"),
+        ({"grad_accum": 0}, "0"),
+        ({"checkpointing": "all"}, "'all'"),
+    ],
+)
+def test_bad_values_quote_the_value(kwargs, quoted):
+    with pytest.raises(BadInputError) as e:
+        Workload(**kwargs)
+    assert quoted in str(e.value)
+
+
+def test_lora_rank_positive():
+    with pytest.raises(BadInputError):
+        LoraConfig(rank=0)
