@@ -70,8 +70,11 @@ def test_json_contract_llama_7b_bf16_true():
     assert w["trainable_parameter_count"] == n
     assert w["precision"] == "bf16-true" and w["optimizer"] == "adamw"
     b = out["breakdown"]
-    for key in ("parameters", "buffers", "gradients", "optimizer_state", "inputs",
-                "activations", "temporaries", "allocator_cache", "cuda_context", "workspaces"):  # fmt: skip
+    expected_keys = (
+        "parameters", "buffers", "gradients", "optimizer_state", "inputs", "activations",
+        "temporaries", "allocator_cache", "cuda_context", "workspaces",
+    )  # fmt: skip
+    for key in expected_keys:
         assert key in b
     # Every Llama-2-7B tensor is a multiple of 512 B in bf16 (the smallest, a 4096-wide norm
     # weight, is 8192 B), so rounding adds nothing: exactly 2 B/param for weights and grads.
@@ -170,7 +173,7 @@ def test_console_script_entry_point():
             "64",
             "--gpu",
             "t4",
-        ],  # fmt: skip
+        ],
         capture_output=True,
         text=True,
         timeout=300,

@@ -104,7 +104,7 @@ class CudaEmulation(TorchFunctionMode):
         """End of an autocast region: cast weights are released (autocast clear_cache)."""
         self._cache.clear()
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         autocast_on = self.dtype is not None and self.enabled()
@@ -114,6 +114,7 @@ class CudaEmulation(TorchFunctionMode):
             return func(*args, **kwargs)
         if name == "cross_entropy":
             return self._cross_entropy(args, kwargs)
+        assert self.dtype is not None
         if name in LOWER_PRECISION_OPS:
             args, kwargs = self._cast_all(args, kwargs, self.dtype)
         elif name in FP32_OPS:
@@ -161,7 +162,9 @@ class CudaEmulation(TorchFunctionMode):
 
     def _fp32_set_opt_dtype(self, func, name: str, args: Any, kwargs: Any):
         first = args[0] if args else None
-        if not _eligible(first) or first.dtype == torch.float32 or kwargs.get("dtype"):
+        if not isinstance(first, torch.Tensor) or not _eligible(first):
+            return func(*args, **kwargs)
+        if first.dtype == torch.float32 or kwargs.get("dtype"):
             return func(*args, **kwargs)
         if name in ("softmax", "log_softmax") and first.dtype == torch.float16:
             # ATen softmax/log_softmax: a CUDA half input with dtype=float runs the kernel with

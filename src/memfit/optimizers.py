@@ -45,7 +45,7 @@ class AdamW8bitLayout(torch.optim.Optimizer):
         self._qmap: torch.Tensor | None = None
 
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
+    def step(self, closure=None):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -87,7 +87,7 @@ class Lion(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})
 
     @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
+    def step(self, closure=None):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:

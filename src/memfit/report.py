@@ -163,10 +163,11 @@ def render_text(est: Estimate, *, top_modules: int = 8) -> str:
     if est.gpu is not None:
         cap = est.gpu.total_memory_bytes
         verdict = "FITS" if est.fits else "DOES NOT FIT"
+        share = 100 * (p.device_total_bytes or 0) / cap
         lines.append(
             f"{verdict} on {est.gpu.display_name} ({format_bytes(cap)}): device total "
-            f"{format_bytes(p.device_total_bytes)}, {100 * (p.device_total_bytes or 0) / cap:.1f} % "
-            "of capacity (5 % margin required)."
+            f"{format_bytes(p.device_total_bytes)}, {share:.1f} % of capacity "
+            "(5 % margin required)."
         )
         if est.oom:
             lines.append(f"simulated: {est.oom}")

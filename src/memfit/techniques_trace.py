@@ -77,8 +77,12 @@ def _add_lora(model: torch.nn.Module, w: Workload, spec: ModelSpec) -> torch.nn.
             f"LoRA target(s) {', '.join(repr(m) for m in missing)} match no module of "
             f"{spec.name!r}. Its layers with weights are named: {', '.join(linear)}."
         )
-    cfg = LoraConfig(r=w.lora.rank, lora_alpha=w.lora.alpha, target_modules=targets,
-                     lora_dropout=0.0)  # fmt: skip
+    cfg = LoraConfig(
+        r=w.lora.rank,
+        lora_alpha=w.lora.alpha,  # type: ignore[arg-type]  # peft annotates int; floats work
+        target_modules=targets,
+        lora_dropout=0.0,
+    )
     return get_peft_model(model, cfg)
 
 
@@ -115,4 +119,4 @@ def checkpoint_blocks(model: torch.nn.Module, block_paths: list[str]) -> None:
             return checkpoint(_run, *args, use_reentrant=False, **kwargs)
 
         wrapped._memfit_checkpointed = True  # type: ignore[attr-defined]
-        block.forward = wrapped  # type: ignore[method-assign]
+        block.forward = wrapped

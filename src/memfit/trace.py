@@ -158,7 +158,7 @@ def _make_batch(spec: ModelSpec, model: torch.nn.Module, w: Workload, dtype: tor
         s = w.seq_len or 448
         return {
             "input_features": torch.empty(b, mels, frames, dtype=dtype),
-            "labels": torch.randint(0, int(cfg.vocab_size), (b, s)),
+            "labels": torch.randint(0, int(getattr(cfg, "vocab_size", 51865)), (b, s)),
         }
     raise BadInputError(
         f"Cannot make inputs for {spec.name!r}: give an input factory 'file.py:build:make_batch'."
@@ -217,8 +217,9 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
             )
         checkpoint_blocks(model, blocks)
     model.train(w.training)
-    if hasattr(model, "config"):
-        model.config.use_cache = False
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "use_cache"):
+        config.use_cache = False
 
     params = list(dict.fromkeys(model.parameters()))
     trainable = [p for p in params if p.requires_grad]
@@ -325,12 +326,12 @@ def _unpacked_synthetic_inputs(spec: ModelSpec) -> Iterator[None]:
     if spec.make_batch is not None or mu is None or not hasattr(mu, "find_packed_sequence_indices"):
         yield
         return
-    original = mu.find_packed_sequence_indices
-    mu.find_packed_sequence_indices = lambda position_ids: None
+    original = getattr(mu, "find_packed_sequence_indices")  # noqa: B009
+    setattr(mu, "find_packed_sequence_indices", lambda position_ids: None)  # noqa: B010
     try:
         yield
     finally:
-        mu.find_packed_sequence_indices = original
+        setattr(mu, "find_packed_sequence_indices", original)  # noqa: B010
 
 
 def _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step) -> None:

@@ -152,7 +152,7 @@ class Tracker(TorchDispatchMode):
         if self.phase == "backward":
             node = torch._C._current_autograd_node()
             if node is not None:
-                tag = node.metadata.get(_META_KEY)
+                tag = node.metadata.get(_META_KEY)  # type: ignore[attr-defined]
                 if tag is not None:
                     return tag
         return ("", -1)
@@ -193,7 +193,7 @@ class Tracker(TorchDispatchMode):
 
     # -- dispatch ---------------------------------------------------------------------------
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         prev = self._op
         name = func.__name__ if hasattr(func, "__name__") else str(func)
         self._op = name
@@ -406,7 +406,7 @@ def _tag_graph(roots: Any, ctx: tuple[str, int]) -> None:
     ]
     while stack:
         node = stack.pop()
-        md = node.metadata
+        md: dict = node.metadata  # type: ignore[assignment]
         if _META_KEY in md:
             continue
         md[_META_KEY] = ctx
