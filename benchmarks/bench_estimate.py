@@ -19,7 +19,7 @@ What it measures:
 3. (not with --quick) the per-category bytes of both at their peak, side by side.
 
 Usage:
-    python benchmarks/bench_estimate.py                 # everything (about 1.5 min on 2 cores)
+    python benchmarks/bench_estimate.py                 # everything (about 1 min on 2 cores)
     python benchmarks/bench_estimate.py --quick         # memfit timings only (CI smoke)
     python benchmarks/bench_estimate.py --json out.json # also write all figures to out.json
 """
@@ -66,6 +66,27 @@ CATEGORY_MAP = (
 )
 
 
+# Why the two differ (llama-2-7b, bf16-true, AdamW foreach; observed with memfit 0.1.0, torch 2.13):
+NOTES = """\
+  notes on the differences (memfit - MemTracker):
+  * memfit emulates CUDA: every block is rounded up to 512 B (the caching allocator's
+    kMinBlockSize) and the cuBLAS workspace is counted (workspaces). MemTracker rounds only on
+    cuda devices; on fake CPU tensors it counts exact nbytes. Here: the two 256 B fp32 rotary
+    buffers (inv_freq, original_inv_freq) are 2 x 256 B for MemTracker, 2 x 512 B for memfit.
+  * AdamW's `step` counters: with foreach and capturable=False they stay on the host on CUDA,
+    so memfit does not count them; MemTracker counts them (291 x 4 B) in OPT.
+  * MemTracker puts the optimizer step's temporaries (the _foreach_sqrt of exp_avg_sq alive at
+    the peak) in OPT; the table moves them next to memfit's temporaries (OPT - state).
+  * memfit's temporaries also hold one (1, 2048) int64 tensor (16,384 B, op randint, phase
+    inputs) that is still alive at the optimizer peak, although memfit's step does
+    `del loss, batch` before optimizer.step(): in memfit/trace.py _one_step, the loop variable
+    of `for t in pytree.tree_leaves(batch): tracker.register(t, "inputs")` keeps the last
+    leaf (labels) referenced until the function returns. MemTracker's run deletes its
+    inputs before the step, so its ACT is 0 at the peak.
+  * Parameters, gradients and the AdamW state agree exactly; the peak is in step 0's
+    optimizer step for both (memfit: _foreach_sqrt)."""
+
+
 def peak_rss_bytes() -> int:
     """Peak resident set size of this process so far (ru_maxrss: KiB on Linux, bytes on macOS)."""
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -83,8 +104,8 @@ def rel(a: int | None, b: int | None) -> str:
     if a is None or b is None:
         return "n/a"
     if b == 0:
-        return "equal" if a == 0 else "(MemTracker 0)"
-    return f"{(a - b) / b:+.4%}"
+        return "equal" if a == 0 else f"{a - b:+,} B (MemTracker 0)"
+    return f"{a - b:+,} B ({(a - b) / b:+.4%})"
 
 
 def verdict(ok: bool) -> str:
@@ -102,11 +123,7 @@ def bench_memfit(repeat: int) -> dict[str, Any]:
     import memfit
 
     t1 = time.perf_counter()
-    # `memfit.estimate` is resolved lazily by memfit/__init__.py; once the submodule
-    # memfit.estimate is imported, the package attribute becomes the *module* and a second
-    # `memfit.estimate(...)` call raises "TypeError: 'module' object is not callable". Taking
-    # the function from its module avoids that.
-    from memfit.estimate import estimate
+    estimate = memfit.estimate  # resolved lazily: imports memfit.estimator
 
     t2 = time.perf_counter()
     out: dict[str, Any] = {
@@ -312,25 +329,7 @@ def compare(memfit_res: dict[str, Any], mt: dict[str, Any], model_name: str) -> 
         f"{rel(no_ws, mt_total)}"
     )
     print("  MemTracker raw peak snapshot:", json.dumps(dev_snaps))
-    print(
-        "  notes: memfit emulates CUDA: every block is rounded up to 512 B (the caching "
-        "allocator's\n"
-        "  kMinBlockSize) and the cuBLAS workspace is counted (workspaces). MemTracker rounds "
-        "only on\n"
-        "  cuda devices, so on fake CPU tensors it counts exact nbytes (e.g. the two 256 B "
-        "rotary\n"
-        "  inv_freq buffers: 512 B vs memfit's 2 x 512 B). AdamW's `step` counters stay on the "
-        "host\n"
-        "  with foreach and capturable=False, so memfit does not count them on the device; "
-        "MemTracker\n"
-        "  counts them in OPT. MemTracker also puts the foreach step's temporaries (the "
-        "_foreach_sqrt\n"
-        "  of exp_avg_sq at the peak) in OPT; above they are moved next to memfit's "
-        "temporaries.\n"
-        "  Both trace the same step, so parameters/gradients/state should agree exactly; what "
-        "is\n"
-        "  left is memfit's CUDA view (rounding, workspace, host-side step counters)."
-    )
+    print(NOTES)
     return {
         "device": dev,
         "rows": rows,

@@ -22,3 +22,23 @@ def test_public_api():
     import memfit
 
     assert set(memfit.__all__) >= {"estimate", "Estimate", "Workload", "MemoryProfile"}
+
+
+def test_estimate_is_callable_twice():
+    # Regression: `memfit.estimate` once resolved to the submodule after the first call.
+    import memfit
+
+    w = memfit.Workload(batch_size=1, seq_len=16, optimizer="sgd")
+    first = memfit.estimate("gpt2", w)
+    second = memfit.estimate("gpt2", w)
+    assert first.profile.peak_allocated_bytes == second.profile.peak_allocated_bytes
+
+
+def test_inputs_are_categorised_and_released():
+    import memfit
+
+    est = memfit.estimate("gpt2", memfit.Workload(batch_size=2, seq_len=16, mode="inference"))
+    # The causal-LM batch holds input_ids and labels: two int64 tensors of 2 x 16 x 8 = 256 B,
+    # each rounded up to one 512-B allocator block, alive during the forward (the peak).
+    assert est.profile.peak_phase == "forward"
+    assert est.profile.breakdown["inputs"] == 2 * 512

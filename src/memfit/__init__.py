@@ -17,7 +17,7 @@ from memfit.errors import BadInputError, MemfitError, TraceError
 from memfit.workload import LoraConfig, Workload
 
 if TYPE_CHECKING:
-    from memfit.estimate import Estimate, estimate
+    from memfit.estimator import Estimate, estimate
     from memfit.profile import MemoryProfile
 
 __all__ = [
@@ -32,8 +32,8 @@ __all__ = [
 ]
 
 _LAZY = {
-    "estimate": ("memfit.estimate", "estimate"),
-    "Estimate": ("memfit.estimate", "Estimate"),
+    "estimate": ("memfit.estimator", "estimate"),
+    "Estimate": ("memfit.estimator", "Estimate"),
     "MemoryProfile": ("memfit.profile", "MemoryProfile"),
 }
 

@@ -101,7 +101,7 @@ def estimate(
             attention=attention,
             gpu=gpu,
         )
-        from memfit.estimate import estimate as run_estimate
+        from memfit.estimator import estimate as run_estimate
 
         est = run_estimate(model, w, task=task, alloc_conf=alloc_conf)
     except (MemfitError, ImportError) as e:

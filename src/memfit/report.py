@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memfit.estimate import Estimate
+from memfit.estimator import Estimate
 
 #: The rule of thumb users apply today: fp32 weights (4 B) + gradients (4 B) + Adam's two fp32
 #: moments (8 B) per parameter, plus activations, plus ~2 GB for CUDA context and framework.

@@ -338,9 +338,6 @@ def _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step) -
     for _micro in range(w.grad_accum if w.training else 1):
         tracker.set_phase("inputs", step)
         batch = _make_batch(spec, model, w, low if w.pure_low_precision else torch.float32)
-        for t in pytree.tree_leaves(batch):
-            if isinstance(t, torch.Tensor):
-                tracker.register(t, "inputs")
         tracker.set_phase("forward", step)
         if not w.training:
             with torch.no_grad(), emulation:

@@ -214,7 +214,7 @@ class Tracker(TorchDispatchMode):
         if self._closed:
             return out
         origins = None
-        if not self._stack and self.phase not in ("forward", "backward"):
+        if not self._stack and self.phase in ("optimizer", "zero_grad"):
             origins = self._input_owners(name, args)
         leaves = pytree.tree_leaves(out)
         for i, t in enumerate(leaves):
@@ -271,7 +271,12 @@ class Tracker(TorchDispatchMode):
             if ctx_owner >= 0 or self.phase in ("forward", "backward"):
                 owner = ctx_owner
         if category is None:
-            category = "activations" if self.in_forward_region() else "temporaries"
+            if self.phase == "inputs":
+                category = "inputs"
+            elif self.in_forward_region():
+                category = "activations"
+            else:
+                category = "temporaries"
         nbytes = storage.nbytes()
         rec = StorageRecord(
             sid, nbytes, category, self.phase, self.step, op, module, owner, self._region
