@@ -77,12 +77,6 @@ NOTES = """\
     so memfit does not count them; MemTracker counts them (291 x 4 B) in OPT.
   * MemTracker puts the optimizer step's temporaries (the _foreach_sqrt of exp_avg_sq alive at
     the peak) in OPT; the table moves them next to memfit's temporaries (OPT - state).
-  * memfit's temporaries also hold one (1, 2048) int64 tensor (16,384 B, op randint, phase
-    inputs) that is still alive at the optimizer peak, although memfit's step does
-    `del loss, batch` before optimizer.step(): in memfit/trace.py _one_step, the loop variable
-    of `for t in pytree.tree_leaves(batch): tracker.register(t, "inputs")` keeps the last
-    leaf (labels) referenced until the function returns. MemTracker's run deletes its
-    inputs before the step, so its ACT is 0 at the peak.
   * Parameters, gradients and the AdamW state agree exactly; the peak is in step 0's
     optimizer step for both (memfit: _foreach_sqrt)."""
 
