@@ -99,7 +99,7 @@ def workload(precision: str, optimizer: str, checkpointing: str) -> Workload:
 
 
 # The trace of 3 blocks does not depend on N: shared between N = 5 and N = 7.
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def short_trace(arch: str, precision: str, optimizer: str, checkpointing: str):
     w = workload(precision, optimizer, checkpointing)
     return run_trace(make_spec(arch, 99), w, CAPABILITY, num_layers=TRACED_BLOCKS)
@@ -126,9 +126,7 @@ def profile_key(p: MemoryProfile) -> dict:
 
 def event_rows(records, events) -> list[tuple]:
     """Each event with its storage's size and category; storage ids differ and are left out."""
-    return [
-        (ev[0], records[ev[1]].nbytes, records[ev[1]].category, *ev[2:]) for ev in events
-    ]
+    return [(ev[0], records[ev[1]].nbytes, records[ev[1]].category, *ev[2:]) for ev in events]
 
 
 def record_rows(records) -> Counter:
@@ -253,7 +251,8 @@ def test_adafactor_refuses_replay_and_estimate_traces_everything(monkeypatch) ->
 
     # It tried the 3-block trace first; its blocks do not replay (Adafactor's first block
     # differs: the step-0 state creation of the first block has fewer event runs).
-    assert [c[0] for c in calls] == [TRACED_BLOCKS, None]
+    # 3 blocks, then the 4-block verification trace (whose expansion raises), then all.
+    assert [c[0] for c in calls] == [TRACED_BLOCKS, TRACED_BLOCKS + 1, None]
     short = calls[0][1]
     with pytest.raises(ReplayMismatch):
         expand(short.records, short.events, n, short.block_paths)

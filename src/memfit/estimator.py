@@ -64,17 +64,40 @@ def trace_spec(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None)
             tr = run_trace(spec, w, capability, num_layers=TRACED_BLOCKS)
             if len(tr.block_paths) == TRACED_BLOCKS:
                 try:
-                    records, events = expand(tr.records, tr.events, n, tr.block_paths)
+                    if _replay_verified(spec, w, capability, tr):
+                        records, events = expand(tr.records, tr.events, n, tr.block_paths)
+                        extra = n - TRACED_BLOCKS
+                        tr.parameter_count += extra * tr.block_parameter_count
+                        tr.trainable_parameter_count += extra * tr.block_trainable_parameter_count
+                        tr.records, tr.events = records, events
+                        return tr, n, True
                 except ReplayMismatch:
                     pass
-                else:
-                    extra = n - TRACED_BLOCKS
-                    tr.parameter_count += extra * tr.block_parameter_count
-                    tr.trainable_parameter_count += extra * tr.block_trainable_parameter_count
-                    tr.records, tr.events = records, events
-                    return tr, n, True
     tr = run_trace(spec, w, capability)
     return tr, len(tr.block_paths), False
+
+
+def _profile_key(p: MemoryProfile) -> tuple:
+    phases = sorted((ph.step, ph.phase, ph.peak_bytes) for ph in p.phases)
+    return (p.peak_allocated_bytes, p.breakdown, p.by_module, phases)
+
+
+def _replay_verified(
+    spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, traced: Trace
+) -> bool:
+    """Guard: expanding the 3-block trace to 4 blocks must match a real 4-block trace.
+
+    Same peak, category breakdown, per-module bytes and per-phase peaks; otherwise the caller
+    traces the whole model. This catches block patterns the expansion does not model (see
+    docs/accuracy.md) at the cost of one more short trace.
+    """
+    from memfit.replay import TRACED_BLOCKS, expand
+
+    four = run_trace(spec, w, capability, num_layers=TRACED_BLOCKS + 1)
+    records, events = expand(traced.records, traced.events, TRACED_BLOCKS + 1, traced.block_paths)
+    expanded = MemoryProfile.from_events(records, events)
+    actual = MemoryProfile.from_events(four.records, four.events)
+    return _profile_key(expanded) == _profile_key(actual)
 
 
 def _config_ns(config: Any) -> Any:
