@@ -48,7 +48,6 @@ class Recorder:
         return t.requires_grad_(requires_grad)
 
     def __enter__(self) -> Recorder:
-        self._n = len(self.tracker.events)
         self.fake.__enter__()
         self.tracker.__enter__()
         if self.emulation is not None:

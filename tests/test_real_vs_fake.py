@@ -138,7 +138,7 @@ def test_tracker_real_equals_fake_event_for_event(case: str) -> None:
 
 
 def memtracker_peak(model: nn.Module, make_batch, loss_fn) -> dict[str, int]:
-    from torch.distributed._tools.mem_tracker import MemTracker
+    MemTracker = pytest.importorskip("torch.distributed._tools.mem_tracker").MemTracker
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     mt = MemTracker()
