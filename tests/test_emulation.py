@@ -277,18 +277,22 @@ def test_choose_backend_rules(attention, capability, expected) -> None:
     assert choose_backend(attention, capability) == expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "attention.choose_backend: sdp_utils.cpp can_use_mem_efficient_attention allows "
-        "bf16 only on sm80+ (less_than_sm80_mem_efficient_dtypes = {Half, Float}); memfit "
-        "picks 'efficient' for bf16 on a T4/V100, where CUDA runs the math kernel and "
-        "materialises the (B, H, S, S) attention matrix: an under-estimate"
-    ),
-)
+# sdp_utils.cpp can_use_mem_efficient_attention allows bf16 only from sm80
+# (less_than_sm80_mem_efficient_dtypes = {Half, Float}): a T4/V100 runs bf16 through math.
 @pytest.mark.parametrize("capability", [T4, V100])
 def test_choose_backend_bf16_before_sm80_is_math(capability) -> None:
     assert choose_backend(call(torch.bfloat16, 64), capability) == MATH
+
+
+def test_flash_head_dim_above_192_on_sm86_89_for_training() -> None:
+    # check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89: an RTX 3090 (8.6) or 4090
+    # (8.9) cannot train flash with head dim 200; an A100 (8.0) can; inference is unaffected.
+    train = AttentionCall(torch.bfloat16, 200, 200, False, 0.0, requires_grad=True)
+    infer = AttentionCall(torch.bfloat16, 200, 200, False, 0.0, requires_grad=False)
+    assert choose_backend(train, (8, 6)) == EFFICIENT
+    assert choose_backend(train, (8, 9)) == EFFICIENT
+    assert choose_backend(train, (8, 0)) == FLASH
+    assert choose_backend(infer, (8, 6)) == FLASH
 
 
 def test_sdpa_backend_decides_saved_memory() -> None:
@@ -364,14 +368,8 @@ def test_step_counters_host_for_foreach_device_for_fused() -> None:
         assert prof.timeline[end_of_backward] == 2 * 10240 + expected_state
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "foreach Adam increments CPU step counters with `torch.tensor(1.0, device='cpu')` "
-        "(adam.py _multi_tensor_adam); memfit counts that host scalar as a 512-B device "
-        "temporary (it is not in optimizer.state, so host_state_keys never marks it)"
-    ),
-)
+# foreach Adam increments CPU step counters with `torch.tensor(1.0, device="cpu")` (adam.py
+# _multi_tensor_adam): a host scalar on CUDA too, so no device memory.
 def test_foreach_adam_step_increment_is_host_memory() -> None:
     tr = _tiny_trace("adamw")
     # In the steady-state step, the only device allocations of the optimizer are the

@@ -136,33 +136,6 @@ def record_rows(records) -> Counter:
     )
 
 
-def exact_timeline(arch: str, precision: str, optimizer: str, checkpointing: str) -> bool:
-    """Configurations whose replayed stream equals the full trace event for event.
-
-    Observed with torch 2.13 / transformers 5.x. Elsewhere only the order of some frees differs:
-    - lion (per-parameter loop): the update temporary of a block's last parameter is freed while
-      the next block's first parameter is processed. The run structure of `expand` then replays
-      that next block's first-parameter run for every copy before the rest of the blocks.
-    - 16-bit autocast with checkpointing: the cast weights released when the autocast cache is
-      cleared are freed all at one point, in another order.
-    - llama bf16-true without checkpointing: each decoder layer's output is freed by the parent
-      (`hidden_states = layer(hidden_states)`) after the next layer returns; the replay frees
-      the copies' outputs all after the last copy. (See test_replay_bug_* for when this and the
-      lion reordering change the peak.)
-    - gpt2 with 16-bit autocast: frees of cast weights at the same point, in another order.
-    """
-    if optimizer == "lion":
-        return False
-    mixed = precision.endswith("-mixed")
-    if arch == "gpt2":
-        return not mixed
-    if precision == "fp32":
-        return True
-    if mixed:
-        return checkpointing == "off"
-    return checkpointing == "blocks"  # bf16-true
-
-
 def _check(arch: str, n: int, precision: str, optimizer: str, checkpointing: str) -> None:
     short = short_trace(arch, precision, optimizer, checkpointing)
     assert len(short.block_paths) == TRACED_BLOCKS
@@ -180,16 +153,11 @@ def _check(arch: str, n: int, precision: str, optimizer: str, checkpointing: str
         MemoryProfile.from_events(full.records, full.events)
     )
 
-    if exact_timeline(arch, precision, optimizer, checkpointing):
-        assert rows_r == rows_f
-    else:
-        assert rows_r != rows_f, (
-            "the replay now reproduces this configuration event for event: "
-            "add it to exact_timeline()"
-        )
+    # And event for event, in order.
+    assert rows_r == rows_f
 
 
-# Run by default: every value of every axis, exact and non-exact timelines alike.
+# Run by default: every value of every axis.
 FAST = {
     ("fp32", "adamw", "off", 5),
     ("bf16-mixed", "sgd-momentum", "blocks", 7),
@@ -208,8 +176,6 @@ def test_fast_subset_covers_every_value() -> None:
     axes = (PRECISIONS, OPTIMIZERS, CHECKPOINTING, NUM_LAYERS)
     for a, values in enumerate(axes):
         assert {c[a] for c in FAST} == set(values)
-    kinds = {exact_timeline("llama", *c[:3]) for c in FAST}
-    assert kinds == {True, False}
 
 
 @pytest.mark.parametrize(("precision", "optimizer", "checkpointing", "n"), MATRIX)
@@ -266,21 +232,15 @@ def test_adafactor_refuses_replay_and_estimate_traces_everything(monkeypatch) ->
     assert event_rows(tr.records, tr.events) == event_rows(full.records, full.events)
 
 
-# ------------------------------------------------------------------------- known bugs
+# ------------------------------------------------- patterns that once broke the replay
 #
-# Two patterns `expand` does not model (both over-estimate):
+# Both over-estimated before replay.effective_owners moved frees into the right block run:
 # - inference: a decoder layer's output is freed by the parent loop
-#   (`hidden_states = layer(hidden_states)`) after the NEXT layer returns, in a non-block run.
-#   `expand` releases every copy's output at the one point where T1's was released (after
-#   T2), so the outputs of blocks 1..N-3 stay alive until the last block: + (N-3) hidden
-#   states while the last blocks run.
+#   (`hidden_states = layer(hidden_states)`) after the NEXT layer returns, outside any block;
 # - per-parameter optimizers (lion): the update temporary of a block's last parameter is freed
-#   while the next block's first parameter is processed, which splits that block's run in two.
-#   `expand` replays run by run, every copy in turn, so the first-parameter runs of all copies
-#   come before the rest and their temporaries overlap.
-# trace_spec verifies the replay on 4 blocks before using it (estimator._replay_verified); that
-# guard catches the tiny cases below (CAUGHT), but not the GUARD_MISSES ones, where the excess
-# of a single extra copy does not move any phase peak of the 4-block model while N-3 copies do.
+#   while the next block's first parameter is processed.
+# The 4-block guard did not catch the GUARD_MISSED sizes (one extra copy moved no peak at 4
+# blocks, five did at 8). The expansion now reproduces all of them event for event.
 
 
 def _inference(vocab: int, n: int):
@@ -293,86 +253,26 @@ def _lion(vocab: int, n: int):
     return make_spec("llama", n, vocab=vocab), Workload(batch_size=1, seq_len=8, optimizer="lion")
 
 
-CAUGHT = {
+CASES = {
     # vocab 16: the peak is inside the block stack.
-    "inference": lambda: _inference(16, 7),
-    "lion": lambda: _lion(16, 7),
+    "inference-peak-in-stack": lambda: _inference(16, 7),
+    "lion-peak-in-stack": lambda: _lion(16, 7),
+    # Once missed by the 4-block guard: before the fix, +134,144 B and +48,640 B.
+    "inference-guard-missed": lambda: _inference(384, 8),
+    "lion-guard-missed": lambda: _lion(256, 8),
 }
 
 
-@functools.cache
-def _estimate_path(case: str):
-    """trace_spec on a CAUGHT case, with every run_trace call it made: (3, 4, full)."""
+@pytest.mark.parametrize("case", list(CASES))
+def test_replayed_estimate_equals_full_trace(case: str) -> None:
     import memfit.estimator as estimator_mod
 
-    spec, w = CAUGHT[case]()
-    calls = []
-    real_run_trace = estimator_mod.run_trace
-
-    def spy(*args, **kwargs):
-        tr = real_run_trace(*args, **kwargs)
-        calls.append((kwargs.get("num_layers"), tr))
-        return tr
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(estimator_mod, "run_trace", spy)
-        tr, blocks, replayed = estimator_mod.trace_spec(spec, w, CAPABILITY)
-    return spec, tr, blocks, replayed, calls
-
-
-@pytest.mark.parametrize("case", list(CAUGHT))
-def test_replay_guard_falls_back_to_full_trace(case: str) -> None:
-    spec, tr, blocks, replayed, calls = _estimate_path(case)
-    assert [c[0] for c in calls] == [TRACED_BLOCKS, TRACED_BLOCKS + 1, None]
-    assert replayed is False
+    spec, w = CASES[case]()
+    tr, blocks, replayed = estimator_mod.trace_spec(spec, w, CAPABILITY)
+    assert replayed is True
     assert blocks == spec.num_layers
-    assert tr is calls[-1][1]
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "replay.expand: inference block outputs freed by the parent after the next block are "
-        "all released after the last copy (+(N-3) hidden states); lion's split first-parameter "
-        "runs are replayed for every copy before the rest (overlapping temporaries)"
-    ),
-)
-@pytest.mark.parametrize("case", list(CAUGHT))
-def test_replay_bug_expand_over_estimates(case: str) -> None:
-    spec, _, _, _, calls = _estimate_path(case)
-    short, full = calls[0][1], calls[-1][1]
-    records, events = expand(short.records, short.events, spec.num_layers, short.block_paths)
-    # Observed with N = 7: inference + (7 - 3) * (4 * 64 * 64 * 4 B) = 262144;
-    # lion + (7 - 3) * 16384 (a 64 x 64 fp32 update temporary).
-    assert profile_key(MemoryProfile.from_events(records, events)) == profile_key(
+    full = run_trace(spec, w, CAPABILITY)
+    assert profile_key(MemoryProfile.from_events(tr.records, tr.events)) == profile_key(
         MemoryProfile.from_events(full.records, full.events)
     )
-
-
-GUARD_MISSES = {
-    # vocab 384, 8 layers: the 4-block model peaks at the logits; 5 copies' extra outputs
-    # move the 8-layer peak into the stack. Observed + 134144 B (2,512,896 vs 2,378,752).
-    "inference": lambda: _inference(384, 8),
-    # vocab 256, 8 layers: observed + 48640 B (4,532,736 vs 4,484,096).
-    "lion": lambda: _lion(256, 8),
-}
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "estimator.trace_spec: the 4-block replay guard passes, and the expansion to 8 blocks "
-        "over-estimates the peak (see the replay.expand bugs above)"
-    ),
-)
-@pytest.mark.parametrize("case", list(GUARD_MISSES))
-def test_replay_bug_guard_misses(case: str) -> None:
-    import memfit.estimator as estimator_mod
-
-    spec, w = GUARD_MISSES[case]()
-    tr, _, _ = estimator_mod.trace_spec(spec, w, CAPABILITY)
-    full = run_trace(spec, w, CAPABILITY)
-    assert (
-        MemoryProfile.from_events(tr.records, tr.events).peak_allocated_bytes
-        == MemoryProfile.from_events(full.records, full.events).peak_allocated_bytes
-    )
+    assert event_rows(tr.records, tr.events) == event_rows(full.records, full.events)

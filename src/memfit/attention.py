@@ -11,9 +11,13 @@ fake (meta) kernel gives exactly the tensors CUDA allocates.
 Rules modelled (PyTorch 2.5-2.13, `check_*` functions of sdp_utils.cpp):
 - flash: fp16/bf16 only; compute capability >= 8.0; head dim <= 256; no explicit attn_mask
   (is_causal is fine); q/k/v head dims equal.
-- memory-efficient: fp32/fp16/bf16; compute capability >= 5.0; supports an attn_mask; head dim
-  a multiple of 8 for 16-bit inputs and of 4 for fp32 (else PyTorch pads; we fall back to math,
-  which is the conservative side).
+- flash on sm86/sm89 (check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89): not for
+  training with head dim in (192, 224], nor above 224 with dropout.
+- memory-efficient: fp32/fp16 on every supported GPU, bf16 only from sm80
+  (less_than_sm80_mem_efficient_dtypes / greater_than_or_equal_sm80_mem_efficient_dtypes);
+  compute capability >= 5.0; supports an attn_mask; head dim a multiple of 8 for 16-bit inputs
+  and of 4 for fp32 (PyTorch accepts any fp32 head dim before sm80; requiring 4 errs towards
+  math, the larger estimate).
 - math: always possible.
 Not modelled: the cuDNN backend (off by default in these releases' priority order for training),
 nested tensors, and `torch.nn.attention.sdpa_kernel` overrides made inside user code.
@@ -48,6 +52,7 @@ class AttentionCall:
     value_head_dim: int
     has_mask: bool
     dropout_p: float
+    requires_grad: bool = False
 
 
 def choose_backend(call: AttentionCall, capability: tuple[int, int] | None) -> str:
@@ -59,18 +64,26 @@ def choose_backend(call: AttentionCall, capability: tuple[int, int] | None) -> s
     cap = capability if capability is not None else (8, 0)
     low = call.dtype in (torch.float16, torch.bfloat16)
     same_dims = call.head_dim == call.value_head_dim
+    d = call.head_dim
+    sm86_89_limit = (
+        cap in ((8, 6), (8, 9))
+        and call.requires_grad
+        and (192 < d <= 224 or (d > 224 and call.dropout_p > 0.0))
+    )
     if (
         low
         and cap >= FLASH_MIN_CAPABILITY
-        and call.head_dim <= FLASH_MAX_HEAD_DIM
+        and d <= FLASH_MAX_HEAD_DIM
         and not call.has_mask
         and same_dims
+        and not sm86_89_limit
     ):
         return FLASH
     align = 8 if low else 4
+    efficient_dtypes = (torch.float16, torch.float32) + ((torch.bfloat16,) if cap >= (8, 0) else ())
     if (
         cap >= EFFICIENT_MIN_CAPABILITY
-        and call.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and call.dtype in efficient_dtypes
         and call.head_dim % align == 0
         and call.value_head_dim % align == 0
     ):
@@ -132,5 +145,7 @@ def describe_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Attent
         value_head_dim=v.shape[-1],
         has_mask=bound["attn_mask"] is not None,
         dropout_p=float(bound["dropout_p"]),
+        requires_grad=torch.is_grad_enabled()
+        and any(bound[k].requires_grad for k in ("query", "key", "value")),
     )
     return call, bound

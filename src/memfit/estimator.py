@@ -79,7 +79,7 @@ def trace_spec(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None)
 
 def _profile_key(p: MemoryProfile) -> tuple:
     phases = sorted((ph.step, ph.phase, ph.peak_bytes) for ph in p.phases)
-    return (p.peak_allocated_bytes, p.breakdown, p.by_module, phases)
+    return (p.peak_allocated_bytes, p.breakdown, p.by_module, phases, p.timeline)
 
 
 def _replay_verified(
@@ -87,7 +87,8 @@ def _replay_verified(
 ) -> bool:
     """Guard: expanding the 3-block trace to 4 blocks must match a real 4-block trace.
 
-    Same peak, category breakdown, per-module bytes and per-phase peaks; otherwise the caller
+    Same live-bytes timeline, event for event, and so the same peak, breakdown, per-module
+    bytes and per-phase peaks; otherwise the caller
     traces the whole model. This catches block patterns the expansion does not model (see
     docs/accuracy.md) at the cost of one more short trace.
     """

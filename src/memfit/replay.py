@@ -28,6 +28,7 @@ Note: [How the stream is expanded]
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from memfit.tracer import ALLOC, FREE, Event, StorageRecord
@@ -39,18 +40,90 @@ class ReplayMismatch(Exception):
     """The traced blocks do not behave identically; the whole model must be traced."""
 
 
-def _runs(events: list[Event]) -> list[tuple[int, int, int]]:
-    """(start, end, owner) of each run of consecutive events with one owner and phase."""
+def _effective_owners(events: list[Event], records: dict[int, StorageRecord]) -> list[int]:
+    """The block each event is replayed with (see Note: [How the stream is expanded]).
+
+    Two kinds of free are moved into a neighbouring block's run:
+    - frees sandwiched between events of one block, or of no block (a per-parameter optimizer
+      frees the previous parameter's temporary while it works on the next one);
+    - in forward, frees right after a block's events and outside any block (the parent loop
+      releases the previous block's output once the next block has returned).
+    """
+    own = [ev[6] for ev in events]
+    n = len(events)
+    # Host storages (CPU-side scalars) carry no device bytes. One whose owner matches neither
+    # nearest device event (a step increment created after the per-parameter loop, owned by
+    # whichever parameter was looked up last) belongs to no block, so it never splits a run.
+    device = [not records[ev[1]].host for ev in events]
+    for i, ev in enumerate(events):
+        if device[i]:
+            continue
+        near = set()
+        for step in (-1, 1):
+            k = i + step
+            while 0 <= k < n and not device[k]:
+                k += step
+            if 0 <= k < n and events[k][2] == ev[2] and events[k][3] == ev[3]:
+                near.add(own[k])
+        if own[i] not in near:
+            own[i] = -1
+
+    def same_span(a: int, b: int) -> bool:
+        return events[a][2] == events[b][2] and events[a][3] == events[b][3]
+
+    i = 0
+    while i < n:
+        if events[i][0] != FREE:
+            i += 1
+            continue
+        j = i
+        while j < n and events[j][0] == FREE and same_span(i, j):
+            j += 1
+        prev = own[i - 1] if i > 0 and same_span(i - 1, i) else None
+        nxt = own[j] if j < n and same_span(j, i) else None
+        if prev is not None and prev == nxt:
+            own[i:j] = [prev] * (j - i)
+        elif prev is not None and prev >= 0 and events[i][2] == "forward":
+            for k in range(i, j):
+                if own[k] < 0:
+                    own[k] = prev
+        i = j
+    # A single free between two events of one other owner joins them (in zero_grad, the
+    # gradient of a non-block parameter that block 0's backward happened to allocate).
+    for i in range(1, n - 1):
+        if (
+            events[i][0] == FREE
+            and own[i - 1] == own[i + 1] != own[i]
+            and same_span(i - 1, i)
+            and same_span(i, i + 1)
+        ):
+            own[i] = own[i - 1]
+    return own
+
+
+def _runs(events: list[Event], own: list[int]) -> list[tuple[int, int, int]]:
+    """(start, end, owner) of each run of consecutive events with one owner and phase.
+
+    A run also ends where a foreach op's outputs give way to frees: the temporaries of a
+    foreach op are released in list order reversed (a Python list frees its items from the
+    end), so the block at the end of the parameter list would otherwise merge its allocations
+    and its frees into one run.
+    """
     runs = []
     start = 0
     for i in range(1, len(events) + 1):
         if (
             i == len(events)
-            or events[i][6] != events[start][6]
+            or own[i] != own[start]
             or events[i][2] != events[start][2]
             or events[i][3] != events[start][3]
+            or (
+                events[i][0] == FREE
+                and events[i - 1][0] == ALLOC
+                and events[i - 1][4].startswith("_foreach")
+            )
         ):
-            runs.append((start, i, events[start][6]))
+            runs.append((start, i, own[start]))
             start = i
     return runs
 
@@ -67,7 +140,8 @@ def expand(
         raise ValueError(f"cannot expand {TRACED_BLOCKS} traced blocks to {num_blocks}")
     if extra == 0:
         return records, events
-    runs = _runs(events)
+    own_of = _effective_owners(events, records)
+    runs = _runs(events, own_of)
     by_owner: dict[int, list[tuple[int, int]]] = {0: [], 1: [], 2: []}
     for s, e, o in runs:
         if o in by_owner:
@@ -83,11 +157,11 @@ def expand(
         # neighbour's storage differ at the ends of the stack (block 0 has no previous block,
         # the last has no next one) and are remapped by relation below; frees of shared
         # storages happen once, in whichever block uses them last.
-        own = events[s][6]
+        own = own_of[s]
         return [
             (ev[0], records[ev[1]].nbytes, ev[4])
             for ev in events[s:e]
-            if ev[0] == ALLOC or records[ev[1]].owner == own
+            if not records[ev[1]].host and (ev[0] == ALLOC or records[ev[1]].owner == own)
         ]
 
     corr_prev: dict[int, int] = {}  # T0 sid -> T1 sid
@@ -103,9 +177,10 @@ def expand(
             descending[s1] = True
         else:
             raise ReplayMismatch(f"block runs are interleaved at event {s1}")
-        a0 = [ev[1] for ev in events[s0:e0] if ev[0] == ALLOC]
-        a1 = [ev[1] for ev in events[s1:e1] if ev[0] == ALLOC]
-        a2 = [ev[1] for ev in events[s2:e2] if ev[0] == ALLOC]
+        a0, a1, a2 = (
+            [ev[1] for ev in events[s:e] if ev[0] == ALLOC and not records[ev[1]].host]
+            for s, e in ((s0, e0), (s1, e1), (s2, e2))
+        )
         corr_prev.update(zip(a0, a1, strict=True))
         corr_next.update(zip(a2, a1, strict=True))
 
@@ -147,25 +222,33 @@ def expand(
         else:
             out_records[sid] = rec
 
+    def fixed_owner(o: int, run_owner: int) -> int:
+        # Outside T1's runs: T0 stays block 0 and T2 becomes the last block; T1 is the copy
+        # next to the run's block (the first copy beside T0, the last beside T2).
+        if o == 2:
+            return num_blocks - 1
+        if o == 1 and run_owner == 2:
+            return num_blocks - 2
+        return o
+
     out: list[Event] = []
     for s, e, owner in runs:
         if owner != 1:
-            new_owner = num_blocks - 1 if owner == 2 else owner
+            released: list[Event] = []  # consecutive frees of T1 storages outside any block
+
             for ev in events[s:e]:
                 sid = ev[1]
                 module = rename(ev[5], 2, num_blocks - 1) if owner == 2 else ev[5]
-                if records[sid].owner == 1:
-                    if owner in (0, 2):
-                        sid = copy_sid(sid, last if owner == 2 else 0)
-                    elif ev[0] == FREE:
-                        # Released outside any block (e.g. outputs dropped after forward): every
-                        # copy is released at this point, in block order.
-                        for c in range(last + 1):
-                            out.append((FREE, copy_sid(sid, c), ev[2], ev[3], ev[4], module, -1))
-                        continue
-                    else:
+                if records[sid].owner == 1 and owner not in (0, 2):
+                    if ev[0] != FREE:
                         raise ReplayMismatch(f"a non-block event allocates block storage at {s}")
-                out.append((ev[0], sid, ev[2], ev[3], ev[4], module, new_owner))
+                    released.append(ev)
+                    continue
+                _flush_released(released, out, last, copy_sid)
+                if records[sid].owner == 1:
+                    sid = copy_sid(sid, last if owner == 2 else 0)
+                out.append((ev[0], sid, ev[2], ev[3], ev[4], module, fixed_owner(ev[6], owner)))
+            _flush_released(released, out, last, copy_sid)
             continue
         order = range(last, -1, -1) if descending[s] else range(last + 1)
         last_in_time = order[-1]
@@ -178,8 +261,21 @@ def expand(
                     if ev[0] == ALLOC:
                         raise ReplayMismatch(f"block run allocates a non-block storage at {s}")
                     ref = ev[1]
-                out.append((ev[0], ref, ev[2], ev[3], ev[4], rename(ev[5], 1, 1 + c), 1 + c))
+                who = -1 if ev[6] < 0 else ev[6] + c  # T0, T1, T2 are blocks c, 1+c, 2+c
+                out.append((ev[0], ref, ev[2], ev[3], ev[4], rename(ev[5], 1, 1 + c), who))
     return out_records, out
+
+
+def _flush_released(
+    released: list[Event], out: list[Event], last: int, copy_sid: Callable[[int, int], int]
+) -> None:
+    """Frees of T1 storages outside any block (outputs dropped after forward, the autocast
+    cache cleared): every copy releases its storages at this point, block after block."""
+    for c in range(last + 1):
+        for r in released:
+            who = 1 + c if r[6] == 1 else r[6]
+            out.append((FREE, copy_sid(r[1], c), r[2], r[3], r[4], r[5], who))
+    released.clear()
 
 
 def _lookup(table: dict[int, int], sid: int) -> int:

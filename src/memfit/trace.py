@@ -242,6 +242,7 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
     tracker.on_region_end = region_end  # type: ignore[method-assign]
     optimizer = build_optimizer(w.optimizer, trainable) if w.training else None
     host_keys = host_state_keys(optimizer) if optimizer is not None else frozenset()
+    tracker.optimizer_host_scalars = "step" in host_keys
 
     names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
     module_of = {id(p): n.rsplit(".", 1)[0] if "." in n else "" for n, p in
@@ -266,9 +267,13 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
             tracker.register(b, "buffers", mod, owner_of_module(mod))
         if w.training:
             for p in trainable:
-                p.register_post_accumulate_grad_hook(
-                    lambda q: tracker.mark(q.grad, "gradients") if q.grad is not None else None
-                )
+                p_owner = owner_of_module(module_of.get(id(p), ""))
+
+                def on_grad(q: torch.Tensor, _owner: int = p_owner) -> None:
+                    if q.grad is not None:
+                        tracker.mark(q.grad, "gradients", owner=_owner)
+
+                p.register_post_accumulate_grad_hook(on_grad)
         scale = None
         if w.training and w.precision == "fp16-mixed":
             # GradScaler keeps its scale on the device (torch/amp/grad_scaler.py _lazy_init_*).

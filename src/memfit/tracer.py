@@ -59,6 +59,10 @@ FREE = -1
 #: The op name of frees that happen outside any op (autograd releasing saved tensors, `del`).
 RELEASE_OP = "<release>"
 
+#: Ops that materialise `torch.tensor(...)` constants. Without a device argument these are
+#: created on the CPU on a CUDA machine too.
+_SCALAR_CONSTANT_OPS = frozenset({"lift_fresh.default", "lift_fresh_copy.default"})
+
 #: CUDACachingAllocator.cpp, kMinBlockSize: every block is a multiple of 512 bytes.
 CUDA_BLOCK_ROUNDING = 512
 
@@ -138,6 +142,11 @@ class Tracker(TorchDispatchMode):
         #: allocations with no tensor input, such as Adam's `state["step"]`.
         self.param_owner = -1
         self.param_module = ""
+        #: True when the optimizer keeps its step counters on the host (foreach, not
+        #: capturable): scalar constants it creates (`torch.tensor(1.0)` step increments, the
+        #: counters themselves) then live in host memory on CUDA too.
+        self.optimizer_host_scalars = False
+        self._free_owner: dict[int, int] = {}
 
     def owner_of_path(self, path: str) -> int:
         """Index of the repeated block that module `path` belongs to, or -1."""
@@ -179,14 +188,22 @@ class Tracker(TorchDispatchMode):
         """Record a tensor that exists before tracing starts (parameters, buffers, inputs)."""
         self._track(tensor, category=category, module=module, owner=owner, op="<" + category + ">")
 
-    def mark(self, tensor: torch.Tensor, category: str, *, host: bool = False) -> None:
-        """Revise the category of the storage behind `tensor` (e.g. a new gradient)."""
+    def mark(
+        self, tensor: torch.Tensor, category: str, *, host: bool = False, owner: int | None = None
+    ) -> None:
+        """Revise the category of the storage behind `tensor` (e.g. a new gradient).
+
+        `owner`, when given, is the block its free belongs to outside forward and backward:
+        a gradient is released with its parameter, whichever block's backward allocated it.
+        """
         sid = self._live.get(id(tensor.untyped_storage()))
         if sid is None:
             return
         rec = self.records[sid]
         rec.category = category
         rec.host = host
+        if owner is not None:
+            self._free_owner[sid] = owner
 
     def sid_of(self, tensor: torch.Tensor) -> int | None:
         return self._live.get(id(tensor.untyped_storage()))
@@ -198,7 +215,10 @@ class Tracker(TorchDispatchMode):
         name = func.__name__ if hasattr(func, "__name__") else str(func)
         self._op = name
         try:
-            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
+                out = _grouped_mm_other_dtype(*args, **(kwargs or {}))
+            else:
+                out = func(*args, **(kwargs or {}))
         except DataDependentOutputException:
             # Optimizers read scalars for arithmetic only (Adafactor's parameter RMS, found-inf
             # checks); no allocation depends on the value, so a neutral 1 stands in. In forward
@@ -278,8 +298,14 @@ class Tracker(TorchDispatchMode):
             else:
                 category = "temporaries"
         nbytes = storage.nbytes()
+        host = (
+            self.optimizer_host_scalars
+            and self.phase == "optimizer"
+            and op in _SCALAR_CONSTANT_OPS
+            and t.dim() == 0
+        )
         rec = StorageRecord(
-            sid, nbytes, category, self.phase, self.step, op, module, owner, self._region
+            sid, nbytes, category, self.phase, self.step, op, module, owner, self._region, host
         )
         self.records[sid] = rec
         self._live[key] = sid
@@ -296,7 +322,7 @@ class Tracker(TorchDispatchMode):
             rec.category = "temporaries"
         module, owner = self.context()
         if self.phase not in ("forward", "backward") and not self._stack:
-            owner = rec.owner
+            owner = self._free_owner.get(sid, rec.owner)
         self.events.append((FREE, sid, self.phase, self.step, self._op, module, owner))
 
     # -- module hooks -----------------------------------------------------------------------
@@ -377,6 +403,20 @@ class Tracker(TorchDispatchMode):
         for f in self._finalizers:
             f.detach()
         self._finalizers = []
+
+
+def _grouped_mm_other_dtype(mat_a: torch.Tensor, mat_b: torch.Tensor, *rest: Any, **kw: Any) -> Any:
+    """`_grouped_mm` for non-bf16 inputs, as CUDA runs it: output (M, N) in the input dtype.
+
+    The meta kernel accepts bf16 only (it mirrors the fast path of _grouped_mm_cuda); CUDA
+    builds run other dtypes through a per-group fallback kernel that writes into one output
+    tensor. Assumption, not yet checked on a GPU: that fallback allocates nothing else.
+    (transformers calls grouped_mm with fp32 weights under mixed precision, e.g. Mixtral.)
+    """
+    out = torch.ops.aten._grouped_mm.default(
+        mat_a.to(torch.bfloat16), mat_b.to(torch.bfloat16), *rest, **kw
+    )
+    return out.to(mat_a.dtype)
 
 
 class OwnerTrackingState(dict):
