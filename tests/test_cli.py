@@ -180,3 +180,23 @@ def test_console_script_entry_point():
     )
     assert proc.returncode == 0, proc.stderr
     assert "FITS on" in proc.stdout
+
+
+def test_hf_module_passed_in_infers_its_task():
+    # An HF model object passed from Python gets the task of its class (labels, HF loss), so
+    # its estimate equals the catalog's for the same config.
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import memfit
+    from memfit.sources import resolve_model
+
+    cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128)
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(cfg)
+    spec = resolve_model(model)
+    assert spec.task == "causal-lm" and spec.loss == "hf" and spec.max_positions == 128
+    est = memfit.estimate(model, memfit.Workload(batch_size=2, seq_len=16, optimizer="sgd"))
+    assert est.parameter_count == sum(p.numel() for p in model.parameters())
+    # The user's model is not modified: its parameters stay on the meta device.
+    assert all(p.device.type == "meta" for p in model.parameters())

@@ -80,13 +80,15 @@ def resolve_model(source: Any, *, task: str | None = None) -> ModelSpec:
         return source
     if isinstance(source, torch.nn.Module):
         module = source
+        hf = _is_hf(module)
         return ModelSpec(
             name=type(module).__name__,
             build=lambda _n, _a: module,
             owns_model=False,
             input_kind=_guess_input_kind(module),
-            task=task or "custom",
-            loss="hf" if _is_hf(module) else "sum",
+            task=task or (_task_of_class(type(module).__name__) if hf else "custom"),
+            loss="hf" if hf else "sum",
+            max_positions=_max_positions(module) if hf else None,
         )
     if callable(source) and not isinstance(source, str):
         return _from_factory(source, None, getattr(source, "__name__", "model"))
@@ -112,6 +114,20 @@ def resolve_model(source: Any, *, task: str | None = None) -> ModelSpec:
 
 def _looks_like_windows_drive(text: str) -> bool:
     return len(text) > 2 and text[1] == ":" and text[0].isalpha() and text[2] in "\\/"
+
+
+def _task_of_class(name: str) -> str:
+    """HF class name -> task: "LlamaForCausalLM" -> "causal-lm" (see _ARCH_SUFFIX_TO_TASK)."""
+    for suffix, t in _ARCH_SUFFIX_TO_TASK:
+        if name.endswith(suffix):
+            return t
+    return "custom"
+
+
+def _max_positions(module: torch.nn.Module) -> int | None:
+    cfg = getattr(module, "config", None)
+    value = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    return int(value) if isinstance(value, int) else None
 
 
 def _is_hf(module: torch.nn.Module) -> bool:

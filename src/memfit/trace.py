@@ -339,10 +339,22 @@ def _unpacked_synthetic_inputs(spec: ModelSpec) -> Iterator[None]:
         setattr(mu, "find_packed_sequence_indices", original)  # noqa: B010
 
 
+def _register_inputs(tracker: Tracker, batch: Any) -> None:
+    """Count input tensors a user's make_batch made before the trace (e.g. at import time).
+
+    Tensors made during the trace are already tracked; a function scope keeps no reference
+    alive after it returns.
+    """
+    for t in pytree.tree_leaves(batch):
+        if isinstance(t, torch.Tensor):
+            tracker.register(t, "inputs")
+
+
 def _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step) -> None:
     for _micro in range(w.grad_accum if w.training else 1):
         tracker.set_phase("inputs", step)
         batch = _make_batch(spec, model, w, low if w.pure_low_precision else torch.float32)
+        _register_inputs(tracker, batch)
         tracker.set_phase("forward", step)
         if not w.training:
             with torch.no_grad(), emulation:
