@@ -37,6 +37,20 @@ class Estimate:
     device_total_range: tuple[int, int] | None = None
     overhead: Any = None
     notes: list[str] = field(default_factory=list)
+    #: FLOPs of the steady-state step by phase ("forward", "backward", "recompute", ...).
+    flops: dict[str, int] = field(default_factory=dict)
+
+
+def steady_flops(flops: dict[tuple[int, str, int], int]) -> dict[str, int]:
+    """FLOPs of the last traced step (steady state), summed over blocks, by phase."""
+    if not flops:
+        return {}
+    last = max(k[0] for k in flops)
+    out: dict[str, int] = {}
+    for (step, phase, _owner), f in flops.items():
+        if step == last:
+            out[phase] = out.get(phase, 0) + f
+    return out
 
 
 def _uniform_layers(model_config: Any) -> bool:
@@ -70,6 +84,10 @@ def trace_spec(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None)
                         tr.parameter_count += extra * tr.block_parameter_count
                         tr.trainable_parameter_count += extra * tr.block_trainable_parameter_count
                         tr.records, tr.events = records, events
+                        tr.flops = {
+                            key: f * (1 + extra) if key[2] == 1 else f
+                            for key, f in tr.flops.items()
+                        }
                         return tr, n, True
                 except ReplayMismatch:
                     pass
@@ -160,6 +178,7 @@ def estimate(
         attention_backend=",".join(backends) if backends else None,
         trace_seconds=seconds,
         gpu=gpu_obj,
+        flops=steady_flops(tr.flops),
     )
     attach_device_memory(est, tr.records, tr.events, alloc_conf=cfg)
     return est

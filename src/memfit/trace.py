@@ -48,6 +48,7 @@ class Trace:
     trainable_parameter_count: int
     block_paths: list[str]
     attention_backends: list[str]
+    flops: dict[tuple[int, str, int], int] = field(default_factory=dict)
     block_parameter_count: int = 0
     block_trainable_parameter_count: int = 0
     module_types: dict[str, str] = field(default_factory=dict)
@@ -303,6 +304,7 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
         trainable_parameter_count=sum(p.numel() for p in trainable),
         block_paths=blocks,
         attention_backends=tracker.attention_backends,
+        flops=tracker.flops,
         block_parameter_count=_block_params(model, blocks, trainable_only=False),
         block_trainable_parameter_count=_block_params(model, blocks, trainable_only=True),
         module_types={n: type(m).__name__ for n, m in model.named_modules()},

@@ -41,6 +41,7 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 CATEGORIES = (
     "parameters",
@@ -58,6 +59,10 @@ FREE = -1
 
 #: The op name of frees that happen outside any op (autograd releasing saved tensors, `del`).
 RELEASE_OP = "<release>"
+
+#: PyTorch's FLOP formulas per op (the ones FlopCounterMode uses): matmuls, convolutions,
+#: attention kernels; elementwise ops count as zero, as in FlopCounterMode.
+_FLOP_FORMULAS = flop_registry
 
 #: Ops that materialise `torch.tensor(...)` constants. Without a device argument these are
 #: created on the CPU on a CUDA machine too.
@@ -147,6 +152,9 @@ class Tracker(TorchDispatchMode):
         #: counters themselves) then live in host memory on CUDA too.
         self.optimizer_host_scalars = False
         self._free_owner: dict[int, int] = {}
+        #: FLOPs by (step, phase, owner), counted with PyTorch's own formulas
+        #: (torch.utils.flop_counter). Recomputation in backward is phase "recompute".
+        self.flops: dict[tuple[int, str, int], int] = {}
 
     def owner_of_path(self, path: str) -> int:
         """Index of the repeated block that module `path` belongs to, or -1."""
@@ -233,6 +241,13 @@ class Tracker(TorchDispatchMode):
             self._op = prev
         if self._closed:
             return out
+        packet = getattr(func, "overloadpacket", None)
+        if packet in _FLOP_FORMULAS:
+            n = _FLOP_FORMULAS[packet](*args, **(kwargs or {}), out_val=out)
+            if n:
+                phase = "recompute" if self.phase == "backward" and self._stack else self.phase
+                key = (self.step, phase, self.context()[1])
+                self.flops[key] = self.flops.get(key, 0) + int(n)
         origins = None
         if not self._stack and self.phase in ("optimizer", "zero_grad"):
             origins = self._input_owners(name, args)
