@@ -76,6 +76,15 @@ def estimate(
         str | None,
         typer.Option("--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF to simulate."),
     ] = None,
+    offload_optimizer: Annotated[
+        bool, typer.Option("--offload-optimizer", help="Keep optimizer state on the CPU.")
+    ] = False,
+    embedding_on_cpu: Annotated[
+        bool, typer.Option("--embedding-on-cpu", help="Keep the input embedding on the CPU.")
+    ] = False,
+    tie_embeddings: Annotated[
+        bool, typer.Option("--tie-embeddings", help="Share input and output embeddings.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report.")] = False,
 ) -> None:
     """Estimate peak GPU memory of one training (or inference) step, without a GPU."""
@@ -100,6 +109,9 @@ def estimate(
             lora=lora,
             attention=attention,
             gpu=gpu,
+            offload_optimizer=offload_optimizer,
+            embedding_on_cpu=embedding_on_cpu,
+            tie_embeddings=tie_embeddings,
         )
         from memfit.estimator import estimate as run_estimate
 

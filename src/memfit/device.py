@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from memfit.allocator import simulate
@@ -28,6 +29,38 @@ FIT_MARGIN_FRACTION = 0.05
 DEFAULT_GPU = "a100-80gb"
 
 _CONV_OPS = ("convolution", "cudnn_convolution", "convolution_backward")
+
+
+def place_on_host(
+    records: dict[int, StorageRecord], *, offload_optimizer: bool, embedding_path: str | None
+) -> dict[int, StorageRecord]:
+    """Records as they are when techniques keep some storages in CPU memory.
+
+    - offload_optimizer: optimizer state and the update's temporaries live on the CPU.
+    - embedding_path: the input embedding's weights, gradients and optimizer state live on the
+      CPU, and so does its backward; its forward output is moved to the GPU (device memory).
+    The trace is shared between these variants; only where storages live changes.
+    """
+    if not offload_optimizer and embedding_path is None:
+        return records
+    out = {}
+    for sid, r in records.items():
+        host = r.host
+        if offload_optimizer and (
+            r.category == "optimizer_state"
+            or (r.phase == "optimizer" and r.category == "temporaries")
+        ):
+            host = True
+        if embedding_path is not None and (
+            r.module == embedding_path or r.module.startswith(embedding_path + ".")
+        ):
+            if r.category in ("parameters", "gradients", "optimizer_state") or r.phase in (
+                "backward",
+                "optimizer",
+            ):
+                host = True
+        out[sid] = r if host == r.host else replace(r, host=host)
+    return out
 
 
 def add_workspaces(
@@ -59,6 +92,12 @@ def attach_device_memory(
     from memfit.gpus import get_gpu
 
     gpu = est.gpu or get_gpu(DEFAULT_GPU)
+    w = est.workload
+    records = place_on_host(
+        records,
+        offload_optimizer=w.offload_optimizer,
+        embedding_path=getattr(est, "embedding_path", None) if w.embedding_on_cpu else None,
+    )
     conv = uses_convolution(events)
     overhead = device_overhead(gpu, n_gpus=n_gpus, uses_conv=conv)
     cublas = overhead.item("cublas_workspace")

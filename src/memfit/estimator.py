@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from memfit.errors import BadInputError
 from memfit.profile import MemoryProfile
 from memfit.sources import ModelSpec, resolve_model
 from memfit.trace import Trace, run_trace
@@ -36,6 +37,7 @@ class Estimate:
     oom: str | None = None
     device_total_range: tuple[int, int] | None = None
     overhead: Any = None
+    embedding_path: str | None = None
     notes: list[str] = field(default_factory=list)
     #: FLOPs of the steady-state step by phase ("forward", "backward", "recompute", ...).
     flops: dict[str, int] = field(default_factory=dict)
@@ -179,6 +181,12 @@ def estimate(
         trace_seconds=seconds,
         gpu=gpu_obj,
         flops=steady_flops(tr.flops),
+        embedding_path=tr.embedding_path,
     )
+    if w.embedding_on_cpu and tr.embedding_path is None:
+        raise BadInputError(
+            f"--embedding-on-cpu needs an input embedding, and {spec.name!r} has none "
+            "(get_input_embeddings() returned nothing)."
+        )
     attach_device_memory(est, tr.records, tr.events, alloc_conf=cfg)
     return est

@@ -31,9 +31,42 @@ def prepare_model(model: torch.nn.Module, w: Workload, spec: ModelSpec) -> torch
                 f"--freeze {','.join(w.freeze)!r} matches no parameter of {spec.name!r}. "
                 "Give module-name prefixes such as 'model.embed_tokens'."
             )
+    if w.tie_embeddings:
+        tie_embeddings(model, spec.name)
     if w.lora is not None:
         model = _add_lora(model, w, spec)
     return model
+
+
+def tie_embeddings(model: torch.nn.Module, name: str) -> None:
+    """Make the output projection share the input embedding's weight (in place)."""
+    get_in = getattr(model, "get_input_embeddings", None)
+    get_out = getattr(model, "get_output_embeddings", None)
+    inp = get_in() if callable(get_in) else None
+    out = get_out() if callable(get_out) else None
+    if inp is None or out is None:
+        raise BadInputError(
+            f"--tie-embeddings needs a model with input and output embeddings; {name!r} has "
+            "no output embedding (an encoder or a vision model)."
+        )
+    if inp.weight.shape != out.weight.shape:
+        raise BadInputError(
+            f"Cannot tie the embeddings of {name!r}: input {tuple(inp.weight.shape)} and output "
+            f"{tuple(out.weight.shape)} differ in shape."
+        )
+    out.weight = inp.weight
+
+
+def input_embedding_path(model: torch.nn.Module) -> str | None:
+    """Module path of the input embedding (HF get_input_embeddings), or None."""
+    get_in = getattr(model, "get_input_embeddings", None)
+    inp = get_in() if callable(get_in) else None
+    if inp is None:
+        return None
+    for name, mod in model.named_modules():
+        if mod is inp:
+            return name
+    return None
 
 
 def default_lora_targets(model: torch.nn.Module) -> list[str]:

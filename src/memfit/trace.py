@@ -48,6 +48,7 @@ class Trace:
     trainable_parameter_count: int
     block_paths: list[str]
     attention_backends: list[str]
+    embedding_path: str | None = None
     flops: dict[tuple[int, str, int], int] = field(default_factory=dict)
     block_parameter_count: int = 0
     block_trainable_parameter_count: int = 0
@@ -194,7 +195,7 @@ def _call(model: torch.nn.Module, batch: Any) -> Any:
 def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, *,
               num_layers: int | None = None) -> Trace:  # fmt: skip
     """Build the model, trace `w.steps` steps, and return the event stream."""
-    from memfit.techniques_trace import prepare_model
+    from memfit.techniques_trace import input_embedding_path, prepare_model
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     low = _DTYPES[w.compute_dtype_name]
@@ -305,6 +306,7 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
         block_paths=blocks,
         attention_backends=tracker.attention_backends,
         flops=tracker.flops,
+        embedding_path=input_embedding_path(model),
         block_parameter_count=_block_params(model, blocks, trainable_only=False),
         block_trainable_parameter_count=_block_params(model, blocks, trainable_only=True),
         module_types={n: type(m).__name__ for n, m in model.named_modules()},

@@ -76,6 +76,11 @@ class Workload:
         freeze: module-name prefixes whose parameters are frozen (no grad, no optimizer state).
         attention: "sdpa" (PyTorch scaled_dot_product_attention) or "eager" (explicit softmax).
         gpu: target GPU name from the catalog (decides the attention kernel and "fits"), or None.
+        offload_optimizer: keep optimizer state on the CPU and run the update there (gradients
+            go down and parameters come back over PCIe each step).
+        embedding_on_cpu: keep the input embedding table (weights, gradients, optimizer state)
+            on the CPU; its output is moved to the GPU.
+        tie_embeddings: share one matrix between input embedding and output projection.
         steps: training steps traced; the first is warm-up (optimizer state is created), the
             later ones are steady state. Two is enough for every optimizer memfit knows.
     """
@@ -92,6 +97,9 @@ class Workload:
     freeze: tuple[str, ...] = ()
     attention: str = "sdpa"
     gpu: str | None = None
+    offload_optimizer: bool = False
+    embedding_on_cpu: bool = False
+    tie_embeddings: bool = False
     steps: int = 2
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -108,6 +116,11 @@ class Workload:
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("checkpointing", self.checkpointing, CHECKPOINTING)
         _choice("attention", self.attention, ATTENTION)
+        if self.embedding_on_cpu and self.tie_embeddings:
+            raise BadInputError(
+                "--embedding-on-cpu and --tie-embeddings conflict: a tied output projection "
+                "would have to run on the CPU too. Choose one."
+            )
 
     @property
     def training(self) -> bool:
@@ -141,6 +154,12 @@ class Workload:
             out.append(f"lora r={self.lora.rank}")
         if self.freeze:
             out.append("frozen:" + ",".join(self.freeze))
+        if self.offload_optimizer:
+            out.append("optimizer on CPU")
+        if self.embedding_on_cpu:
+            out.append("embedding on CPU")
+        if self.tie_embeddings:
+            out.append("tied embeddings")
         return out
 
     def with_(self, **changes: Any) -> Workload:
