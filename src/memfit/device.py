@@ -46,19 +46,22 @@ def place_on_host(
     out = {}
     for sid, r in records.items():
         host = r.host
-        if offload_optimizer and (
-            r.category == "optimizer_state"
-            or (r.phase == "optimizer" and r.category == "temporaries")
-        ):
-            host = True
-        if embedding_path is not None and (
+        optimizer_work = r.category == "optimizer_state" or (
+            r.phase == "optimizer" and r.category == "temporaries"
+        )
+        in_embedding = embedding_path is not None and (
             r.module == embedding_path or r.module.startswith(embedding_path + ".")
-        ):
-            if r.category in ("parameters", "gradients", "optimizer_state") or r.phase in (
-                "backward",
-                "optimizer",
-            ):
-                host = True
+        )
+        embedding_side = r.category in (
+            "parameters",
+            "gradients",
+            "optimizer_state",
+        ) or r.phase in (
+            "backward",
+            "optimizer",
+        )
+        if (offload_optimizer and optimizer_work) or (in_embedding and embedding_side):
+            host = True
         out[sid] = r if host == r.host else replace(r, host=host)
     return out
 
