@@ -43,8 +43,12 @@ class Estimate:
     flops: dict[str, int] = field(default_factory=dict)
 
 
-def steady_flops(flops: dict[tuple[int, str, int], int]) -> dict[str, int]:
-    """FLOPs of the last traced step (steady state), summed over blocks, by phase."""
+def steady_flops(flops: dict[tuple[int, str, int], int], scale: float = 1.0) -> dict[str, int]:
+    """FLOPs of the last traced step (steady state), summed over blocks, by phase.
+
+    `scale` multiplies forward, backward and recompute FLOPs: the step has `grad_accum`
+    micro-batches, of which at most 2 are traced (trace.MAX_TRACED_MICRO_BATCHES).
+    """
     if not flops:
         return {}
     last = max(k[0] for k in flops)
@@ -52,6 +56,9 @@ def steady_flops(flops: dict[tuple[int, str, int], int]) -> dict[str, int]:
     for (step, phase, _owner), f in flops.items():
         if step == last:
             out[phase] = out.get(phase, 0) + f
+    for phase in ("forward", "backward", "recompute"):
+        if phase in out:
+            out[phase] = round(out[phase] * scale)
     return out
 
 
@@ -61,9 +68,9 @@ def _uniform_layers(model_config: Any) -> bool:
     return not types or len(set(types)) <= 1
 
 
-def trace_spec(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None) -> tuple[
-    Trace, int, bool
-]:  # fmt: skip
+def trace_spec(
+    spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, *, verify: bool = True
+) -> tuple[Trace, int, bool]:
     """Trace `spec`, replaying repeated blocks when possible; returns (trace, blocks, replayed).
 
     The replay is used only when the traced blocks prove identical (see memfit.replay);
@@ -80,7 +87,7 @@ def trace_spec(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None)
             tr = run_trace(spec, w, capability, num_layers=TRACED_BLOCKS)
             if len(tr.block_paths) == TRACED_BLOCKS:
                 try:
-                    if _replay_verified(spec, w, capability, tr):
+                    if not verify or _replay_verified(spec, w, capability, tr):
                         records, events = expand(tr.records, tr.events, n, tr.block_paths)
                         extra = n - TRACED_BLOCKS
                         tr.parameter_count += extra * tr.block_parameter_count
@@ -151,7 +158,6 @@ def estimate(
             "expandable_segments:True".
     """
     from memfit.allocator_config import AllocatorConfig
-    from memfit.device import attach_device_memory
 
     w = workload or Workload()
     cfg = AllocatorConfig.from_string(alloc_conf) if alloc_conf else None
@@ -168,7 +174,31 @@ def estimate(
     t0 = time.perf_counter()
     tr, n_blocks, replayed = trace_spec(spec, w, capability)
     seconds = time.perf_counter() - t0
+    return estimate_from_trace(
+        spec, w, tr, n_blocks=n_blocks, replayed=replayed, gpu=gpu_obj, alloc_conf=cfg,
+        seconds=seconds,
+    )  # fmt: skip
+
+
+def estimate_from_trace(
+    spec: ModelSpec,
+    w: Workload,
+    tr: Trace,
+    *,
+    n_blocks: int,
+    replayed: bool,
+    gpu: Any,
+    alloc_conf: Any = None,
+    seconds: float = 0.0,
+) -> Estimate:
+    """The Estimate of workload `w` from a trace of it (or of a workload that differs only in
+    where storages live: offload_optimizer, embedding_on_cpu). The planner prices such variants
+    from one trace this way."""
+    from memfit.device import attach_device_memory
+    from memfit.trace import traced_micro_batches
+
     backends = sorted(set(tr.attention_backends))
+    scale = w.grad_accum / traced_micro_batches(w) if w.training else 1.0
     est = Estimate(
         model=spec.name,
         workload=w,
@@ -179,8 +209,8 @@ def estimate(
         replayed=replayed,
         attention_backend=",".join(backends) if backends else None,
         trace_seconds=seconds,
-        gpu=gpu_obj,
-        flops=steady_flops(tr.flops),
+        gpu=gpu,
+        flops=steady_flops(tr.flops, scale),
         embedding_path=tr.embedding_path,
     )
     if w.embedding_on_cpu and tr.embedding_path is None:
@@ -188,5 +218,5 @@ def estimate(
             f"--embedding-on-cpu needs an input embedding, and {spec.name!r} has none "
             "(get_input_embeddings() returned nothing)."
         )
-    attach_device_memory(est, tr.records, tr.events, alloc_conf=cfg)
+    attach_device_memory(est, tr.records, tr.events, alloc_conf=alloc_conf)
     return est

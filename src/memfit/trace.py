@@ -343,6 +343,17 @@ def _unpacked_synthetic_inputs(spec: ModelSpec) -> Iterator[None]:
         setattr(mu, "find_packed_sequence_indices", original)  # noqa: B010
 
 
+#: Micro-batches traced per step. With gradient accumulation, micro-steps 3..k repeat micro-step
+#: 2 exactly (the same gradients are alive and accumulated in place), so tracing two gives the
+#: memory of any k >= 2; FLOPs are scaled to k (memfit.estimator.steady_flops).
+MAX_TRACED_MICRO_BATCHES = 2
+
+
+def traced_micro_batches(w: Workload) -> int:
+    """Micro-batches traced per step for `w` (see MAX_TRACED_MICRO_BATCHES)."""
+    return min(w.grad_accum, MAX_TRACED_MICRO_BATCHES) if w.training else 1
+
+
 def _register_inputs(tracker: Tracker, batch: Any) -> None:
     """Count input tensors a user's make_batch made before the trace (e.g. at import time).
 
@@ -355,7 +366,7 @@ def _register_inputs(tracker: Tracker, batch: Any) -> None:
 
 
 def _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step) -> None:
-    for _micro in range(w.grad_accum if w.training else 1):
+    for _micro in range(traced_micro_batches(w)):
         tracker.set_phase("inputs", step)
         batch = _make_batch(spec, model, w, low if w.pure_low_precision else torch.float32)
         _register_inputs(tracker, batch)
