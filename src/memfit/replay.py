@@ -142,47 +142,57 @@ def expand(
         return records, events
     own_of = _effective_owners(events, records)
     runs = _runs(events, own_of)
-    by_owner: dict[int, list[tuple[int, int]]] = {0: [], 1: [], 2: []}
+    by_owner: dict[int, list[tuple[int, int]]] = {1: [], 2: []}
     for s, e, o in runs:
         if o in by_owner:
             by_owner[o].append((s, e))
-    if not (len(by_owner[0]) == len(by_owner[1]) == len(by_owner[2])):
+    if len(by_owner[1]) != len(by_owner[2]):
         raise ReplayMismatch(
-            f"blocks have different numbers of event runs "
-            f"({len(by_owner[0])}, {len(by_owner[1])}, {len(by_owner[2])})"
+            f"blocks 1 and 2 have different numbers of event runs "
+            f"({len(by_owner[1])}, {len(by_owner[2])})"
         )
 
     def signature(s: int, e: int) -> list[tuple[int, int, str]]:
-        # A block's signature is its allocations and the frees of its own storages. Frees of a
-        # neighbour's storage differ at the ends of the stack (block 0 has no previous block,
-        # the last has no next one) and are remapped by relation below; frees of shared
-        # storages happen once, in whichever block uses them last.
+        # A block's signature: its allocations, the frees of its own storages, and the frees of
+        # the previous block's storages (marked -2). Frees of the next block's storages differ
+        # at the end of the stack (the last block has none) and are remapped by relation below;
+        # frees of shared storages happen once, in whichever block uses them last.
         own = own_of[s]
-        return [
-            (ev[0], records[ev[1]].nbytes, ev[4])
-            for ev in events[s:e]
-            if not records[ev[1]].host and (ev[0] == ALLOC or records[ev[1]].owner == own)
-        ]
+        sig = []
+        for ev in events[s:e]:
+            rec = records[ev[1]]
+            if rec.host:
+                continue
+            if ev[0] == ALLOC or rec.owner == own:
+                sig.append((ev[0], rec.nbytes, ev[4]))
+            elif rec.owner == own - 1:
+                sig.append((-2, rec.nbytes, ev[4]))
+        return sig
 
-    corr_prev: dict[int, int] = {}  # T0 sid -> T1 sid
+    corr_prev: dict[int, int] = {}  # T0 sid -> the T1 sid in the same role
     corr_next: dict[int, int] = {}  # T2 sid -> T1 sid
     descending: dict[int, bool] = {}  # T1 run start -> runs in descending block order
-    for (s0, e0), (s1, e1), (s2, e2) in zip(by_owner[0], by_owner[1], by_owner[2], strict=True):
-        sig1 = signature(s1, e1)
-        if signature(s0, e0) != sig1 or signature(s2, e2) != sig1:
+    for (s1, e1), (s2, e2) in zip(by_owner[1], by_owner[2], strict=True):
+        if signature(s1, e1) != signature(s2, e2):
             raise ReplayMismatch(f"block runs differ at event {s1} (op {events[s1][4]})")
-        if s0 < s1 < s2:
-            descending[s1] = False
-        elif s2 < s1 < s0:
-            descending[s1] = True
-        else:
-            raise ReplayMismatch(f"block runs are interleaved at event {s1}")
-        a0, a1, a2 = (
+        descending[s1] = s2 < s1
+        a1, a2 = (
             [ev[1] for ev in events[s:e] if ev[0] == ALLOC and not records[ev[1]].host]
-            for s, e in ((s0, e0), (s1, e1), (s2, e2))
+            for s, e in ((s1, e1), (s2, e2))
         )
-        corr_prev.update(zip(a0, a1, strict=True))
         corr_next.update(zip(a2, a1, strict=True))
+        # Block 1 frees block 0's storage where block 2 frees block 1's: that pairs them. Block
+        # 0 itself may differ from the others (its input may need no gradient, as with a frozen
+        # embedding), so it is not the pattern; it is kept as traced.
+        p1, p2 = (
+            [
+                ev[1]
+                for ev in events[s:e]
+                if ev[0] == FREE and not records[ev[1]].host and records[ev[1]].owner == k - 1
+            ]
+            for s, e, k in ((s1, e1, 1), (s2, e2, 2))
+        )
+        corr_prev.update(zip(p1, p2, strict=True))
 
     offset = max(records) + 1 if records else 1
     last = extra  # copies are c = 0..last; c = 0 is the traced T1
@@ -195,6 +205,7 @@ def expand(
         if owner == 1:
             return copy_sid(sid, c)
         if owner == 0:
+            # Copy c's previous block is copy c-1 (block 0 for the first copy).
             return sid if c == 0 else copy_sid(_lookup(corr_prev, sid), c - 1)
         if owner == 2:
             return sid if c == last else copy_sid(_lookup(corr_next, sid), c + 1)

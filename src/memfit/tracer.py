@@ -319,6 +319,9 @@ class Tracker(TorchDispatchMode):
             and op in _SCALAR_CONSTANT_OPS
             and t.dim() == 0
         )
+        if host:
+            # Host scalars belong to no module (the parameter context may be stale).
+            module = ""
         rec = StorageRecord(
             sid, nbytes, category, self.phase, self.step, op, module, owner, self._region, host
         )
