@@ -49,3 +49,14 @@ def test_conflicting_placements_are_rejected():
     with pytest.raises(memfit.BadInputError, match="output embedding"):
         memfit.estimate("bert-base-uncased", Workload(seq_len=16, tie_embeddings=True,
                                                       optimizer="sgd"), task="base")  # fmt: skip
+
+
+def test_default_lora_targets_cover_gpt2_conv1d():
+    # GPT-2's projections are transformers Conv1D, not nn.Linear: LoRA must still find them.
+    est = memfit.estimate(
+        "gpt2", Workload(batch_size=1, seq_len=32, lora=memfit.LoraConfig(rank=8), optimizer="sgd")
+    )
+    # Per block, rank-8 adapters on c_attn (768 -> 2304), attn c_proj (768 -> 768), c_fc
+    # (768 -> 3072) and mlp c_proj (3072 -> 768): 8 * (in + out) each.
+    per_block = 8 * ((768 + 2304) + (768 + 768) + (768 + 3072) + (3072 + 768))
+    assert est.trainable_parameter_count == 12 * per_block

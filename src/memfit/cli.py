@@ -129,6 +129,117 @@ def estimate(
     raise typer.Exit(EXIT_DOES_NOT_FIT if est.fits is False else EXIT_OK)
 
 
+def _split(values: list[str] | None) -> tuple[str, ...]:
+    return tuple(v.strip() for item in values or [] for v in item.split(",") if v.strip())
+
+
+@app.command()
+def plan(
+    model: Annotated[str, typer.Argument(help="Catalog name, HF config.json, or file.py:build.")],
+    gpu: Annotated[str, typer.Option(help="Target GPU (see `memfit gpus`).")],
+    global_batch: Annotated[
+        int, typer.Option("--global-batch", help="Samples per optimizer step (kept).")
+    ] = 8,
+    seq: Annotated[int | None, typer.Option(help="Tokens per sample (kept).")] = None,
+    image_size: Annotated[int | None, typer.Option("--image-size")] = None,
+    gpus: Annotated[int, typer.Option(help="Number of GPUs (sharding: not modelled yet).")] = 1,
+    precision: Annotated[
+        str | None, typer.Option(help="Keep this precision (default: the planner chooses).")
+    ] = None,
+    optimizer: Annotated[
+        str | None, typer.Option(help="Keep this optimizer (default: the planner chooses).")
+    ] = None,
+    allow: Annotated[
+        list[str] | None,
+        typer.Option(help="Also allow a technique (lora, tied-embeddings, pure-precision)."),
+    ] = None,
+    forbid: Annotated[list[str] | None, typer.Option(help="Never use a technique.")] = None,
+    task: Annotated[str | None, typer.Option()] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The fastest configuration that fits GPU, keeping the global batch and sequence length."""
+    try:
+        from memfit.plan import Goal
+        from memfit.plan import plan as run_plan
+
+        goal = Goal(
+            global_batch=global_batch, seq_len=seq, image_size=image_size,
+            precision=precision, optimizer=optimizer,
+        )  # fmt: skip
+        result = run_plan(
+            model, gpu=gpu, goal=goal, n_gpus=gpus, allow=_split(allow), forbid=_split(forbid),
+            task=task,
+        )  # fmt: skip
+    except (MemfitError, ImportError) as e:
+        raise _fail(str(e)) from None
+    from memfit.plan_report import plan_to_json, render_plan
+
+    if as_json:
+        typer.echo(json.dumps(plan_to_json(result), indent=2))
+    else:
+        typer.echo(render_plan(result))
+    raise typer.Exit(EXIT_OK if result.best is not None else EXIT_DOES_NOT_FIT)
+
+
+def _limit_command(what: str, model: str, gpu: str, w_kwargs: dict, task: str | None,
+                   as_json: bool) -> None:  # fmt: skip
+    try:
+        from memfit.plan import max_batch, max_seq
+        from memfit.workload import Workload
+
+        w = Workload(**w_kwargs)
+        fn = max_batch if what == "batch_size" else max_seq
+        result = fn(model, w, gpu=gpu, task=task)
+    except (MemfitError, ImportError) as e:
+        raise _fail(str(e)) from None
+    from memfit.plan_report import limit_to_json, render_limit
+
+    typer.echo(json.dumps(limit_to_json(result), indent=2) if as_json else render_limit(result))
+    raise typer.Exit(EXIT_OK if result.largest else EXIT_DOES_NOT_FIT)
+
+
+@app.command("max-batch")
+def max_batch_cmd(
+    model: Annotated[str, typer.Argument()],
+    gpu: Annotated[str, typer.Option(help="Target GPU.")],
+    seq: Annotated[int | None, typer.Option()] = None,
+    precision: Annotated[str, typer.Option()] = "fp32",
+    optimizer: Annotated[str, typer.Option()] = "adamw",
+    checkpointing: Annotated[str, typer.Option()] = "off",
+    mode: Annotated[str, typer.Option()] = "train",
+    task: Annotated[str | None, typer.Option()] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The largest micro-batch that fits GPU for this configuration (searched, not guessed)."""
+    _limit_command(
+        "batch_size", model, gpu,
+        {"seq_len": seq, "precision": precision, "checkpointing": checkpointing, "mode": mode,
+         "optimizer": optimizer if mode == "train" else "none"},
+        task, as_json,
+    )  # fmt: skip
+
+
+@app.command("max-seq")
+def max_seq_cmd(
+    model: Annotated[str, typer.Argument()],
+    gpu: Annotated[str, typer.Option(help="Target GPU.")],
+    batch: Annotated[int, typer.Option()] = 1,
+    precision: Annotated[str, typer.Option()] = "fp32",
+    optimizer: Annotated[str, typer.Option()] = "adamw",
+    checkpointing: Annotated[str, typer.Option()] = "off",
+    mode: Annotated[str, typer.Option()] = "train",
+    task: Annotated[str | None, typer.Option()] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The longest sequence that fits GPU for this configuration (searched, not guessed)."""
+    _limit_command(
+        "seq_len", model, gpu,
+        {"batch_size": batch, "precision": precision, "checkpointing": checkpointing,
+         "mode": mode, "optimizer": optimizer if mode == "train" else "none"},
+        task, as_json,
+    )  # fmt: skip
+
+
 @app.command()
 def models(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """List the built-in model catalog."""

@@ -66,6 +66,49 @@ def place_on_host(
     return out
 
 
+def micro_batches(w: Any) -> int:
+    from memfit.trace import traced_micro_batches
+
+    return traced_micro_batches(w)
+
+
+def summarize(
+    records: dict[int, StorageRecord], embedding_path: str | None, micro: int
+) -> dict[str, int]:
+    """Device bytes of the step's state, for the cost model.
+
+    parameters and optimizer state as allocated; gradients of the last step (each step
+    allocates them anew); the input embedding's output of one micro-batch (what crosses PCIe
+    when the embedding runs on the CPU).
+    """
+    from memfit.tracer import cuda_block_size
+
+    last = max((r.step for r in records.values()), default=0)
+    out = dict.fromkeys(
+        ("parameters", "gradients", "optimizer_state", "host_optimizer_state", "embedding_output"),
+        0,
+    )
+    for r in records.values():
+        size = cuda_block_size(r.nbytes)
+        if r.category == "parameters" and not r.host:
+            out["parameters"] += size
+        elif r.category == "gradients" and not r.host and r.step == last:
+            out["gradients"] += size
+        elif r.category == "optimizer_state":
+            out["host_optimizer_state" if r.host else "optimizer_state"] += (
+                r.nbytes if r.host else size
+            )
+        elif (
+            embedding_path is not None
+            and r.phase == "forward"
+            and r.step == last
+            and r.module == embedding_path
+        ):
+            out["embedding_output"] += r.nbytes
+    out["embedding_output"] //= max(micro, 1)
+    return out
+
+
 def add_workspaces(
     records: dict[int, StorageRecord], events: list[Event], nbytes: int
 ) -> tuple[dict[int, StorageRecord], list[Event]]:
@@ -104,6 +147,7 @@ def attach_device_memory(
     conv = uses_convolution(events)
     overhead = device_overhead(gpu, n_gpus=n_gpus, uses_conv=conv)
     cublas = overhead.item("cublas_workspace")
+    est.records_summary = summarize(records, est.embedding_path, micro_batches(w))
     records, events = add_workspaces(records, events, cublas.bytes if cublas else 0)
     profile = MemoryProfile.from_events(records, events)
     stream = [

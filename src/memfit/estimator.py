@@ -38,6 +38,8 @@ class Estimate:
     device_total_range: tuple[int, int] | None = None
     overhead: Any = None
     embedding_path: str | None = None
+    #: Device bytes of parameters, gradients, optimizer state (see device.summarize).
+    records_summary: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     #: FLOPs of the steady-state step by phase ("forward", "backward", "recompute", ...).
     flops: dict[str, int] = field(default_factory=dict)

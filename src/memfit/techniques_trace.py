@@ -70,7 +70,7 @@ def input_embedding_path(model: torch.nn.Module) -> str | None:
 
 
 def default_lora_targets(model: torch.nn.Module) -> list[str]:
-    """Names (last path component) of the nn.Linear layers inside repeated blocks."""
+    """Names (last path component) of the linear layers inside repeated blocks."""
     from memfit.trace import find_repeated_blocks
 
     blocks = find_repeated_blocks(model)
@@ -80,8 +80,11 @@ def default_lora_targets(model: torch.nn.Module) -> list[str]:
             "layers; name them instead, e.g. --lora-targets q_proj,v_proj."
         )
     first = model.get_submodule(blocks[0])
+    # nn.Linear, and transformers' Conv1D (GPT-2's projections), which peft adapts too.
     names = {
-        n.rsplit(".", 1)[-1] for n, m in first.named_modules() if isinstance(m, torch.nn.Linear)
+        n.rsplit(".", 1)[-1]
+        for n, m in first.named_modules()
+        if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"
     }
     return sorted(names)
 

@@ -1,0 +1,530 @@
+"""`memfit.plan`: the fastest configuration that fits a GPU, searched with the estimator.
+
+The goal fixes what the user will not trade: the global batch (samples per optimizer step), the
+sequence length, and optionally the precision or the optimizer. The search tries the
+techniques allowed (TECHNIQUES; `allow` / `forbid` change the set), prices every configuration
+that fits with the step-time cost model (memfit.cost), and returns the fastest. It returns a
+Pareto table of memory against predicted step time too.
+
+How the search stays fast:
+- Each *shape* (precision, optimizer, checkpointing, LoRA, tied embeddings) is traced once per
+  micro-batch size. Placement variants (optimizer state on the CPU, embedding on the CPU) only
+  change where storages live, so they are priced from the same trace.
+- For a shape, the micro-batch is found by binary search over the divisors of the global
+  batch (memory grows with the micro-batch).
+- A shape that does not fit at micro-batch 1 rules out every heavier shape: more precise
+  weights, a heavier optimizer, no checkpointing (see `_heavier`).
+- During the search the replay of repeated blocks is not re-verified on 4 blocks. The
+  recommended plan is estimated again through `memfit.estimate` itself, so its figures are
+  exactly what `memfit estimate` prints for that configuration.
+
+Not searched yet: sharding over several GPUs (FSDP/ZeRO) and a choice of which blocks to
+checkpoint (checkpointing is all repeated blocks or none). Asking for more than one GPU is an
+error that says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from memfit.cost import StepCost, StepWork, step_cost
+from memfit.errors import BadInputError, closest
+from memfit.estimator import Estimate, estimate_from_trace, trace_spec
+from memfit.sources import ModelSpec, resolve_model
+from memfit.trace import Trace
+from memfit.workload import LoraConfig, Workload
+
+#: Techniques the planner can use, by the name `allow` / `forbid` take.
+TECHNIQUES = {
+    "micro-batch": "split the global batch into micro-batches with gradient accumulation",
+    "mixed-precision": "fp16/bf16 autocast with fp32 weights",
+    "pure-precision": "16-bit weights, gradients and optimizer state (bf16-true)",
+    "checkpointing": "recompute each repeated block's activations in backward",
+    "8bit-optimizer": "AdamW with 8-bit states (bitsandbytes)",
+    "adafactor": "Adafactor's factored second moments",
+    "offload": "optimizer state and update on the CPU",
+    "cpu-embedding": "input embedding table on the CPU",
+    "tied-embeddings": "share the input embedding with the output projection (changes the model)",
+    "lora": "train LoRA adapters on a frozen base (changes what is trained)",
+}
+#: Techniques that change the model, what is trained, or its numerics (no fp32 master
+#: weights): used only when allowed explicitly.
+OPT_IN = frozenset({"tied-embeddings", "lora", "pure-precision"})
+#: LoRA rank the planner tries when LoRA is allowed.
+PLAN_LORA_RANK = 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class Goal:
+    """What the plan must keep: the global batch and sequence, and optionally more.
+
+    Attributes:
+        global_batch: samples per optimizer step (micro-batch x accumulation x GPUs).
+        seq_len: tokens per sample (text models).
+        image_size: image side (vision models).
+        precision: keep this precision (None: the planner may choose).
+        optimizer: keep this optimizer (None: the planner may choose).
+    """
+
+    global_batch: int
+    seq_len: int | None = None
+    image_size: int | None = None
+    precision: str | None = None
+    optimizer: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.global_batch <= 0:
+            raise BadInputError(
+                f"--global-batch must be a positive integer, got {self.global_batch}."
+            )
+        # Validate the fixed choices with Workload's own checks.
+        Workload(
+            seq_len=self.seq_len,
+            image_size=self.image_size,
+            precision=self.precision or "fp32",
+            optimizer=self.optimizer or "adamw",
+        )
+
+
+@dataclass(kw_only=True)
+class Candidate:
+    """One configuration the planner estimated."""
+
+    workload: Workload
+    estimate: Estimate
+    cost: StepCost
+
+    @property
+    def device_total_bytes(self) -> int:
+        return self.estimate.profile.device_total_bytes or 0
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.estimate.fits)
+
+
+@dataclass(kw_only=True)
+class Plan:
+    """The result of `plan`: the recommendation, the alternatives, and why."""
+
+    model: str
+    gpu: Any
+    goal: Goal
+    best: Candidate | None
+    pareto: list[Candidate]
+    baseline: Candidate | None
+    closest_miss: Candidate | None
+    suggestions: list[str] = field(default_factory=list)
+    evaluated: int = 0
+    traces: int = 0
+    seconds: float = 0.0
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class _Shape:
+    precision: str
+    optimizer: str
+    checkpointing: str
+    lora: bool
+    tied: bool
+
+
+_PRECISION_WEIGHT = {"bf16-true": 0, "fp16-true": 0, "bf16-mixed": 1, "fp16-mixed": 1, "fp32": 2}
+_OPTIMIZER_WEIGHT = {
+    "sgd": 0, "adamw-8bit": 1, "adafactor": 1, "lion": 1, "sgd-momentum": 1,
+    "adam": 2, "adamw": 2, "adamw-fused": 2, "none": 0,
+}  # fmt: skip
+
+
+def _optimizer_heavier(a: str, b: str) -> bool:
+    # A partial order: Adam(W) keeps two full moments, more than any lighter optimizer; the
+    # lighter ones (8-bit AdamW, Adafactor, ...) are not comparable with each other.
+    return a == b or _OPTIMIZER_WEIGHT[a] > _OPTIMIZER_WEIGHT[b]
+
+
+def _heavier(a: _Shape, b: _Shape) -> bool:
+    """True when shape `a` needs at least as much memory as `b` in every respect."""
+    return (
+        _PRECISION_WEIGHT[a.precision] >= _PRECISION_WEIGHT[b.precision]
+        and _optimizer_heavier(a.optimizer, b.optimizer)
+        and (a.checkpointing == "off" or b.checkpointing == "blocks")
+        and (not a.lora or b.lora)
+        and (a.tied <= b.tied)
+    )
+
+
+def _allowed(allow: tuple[str, ...], forbid: tuple[str, ...]) -> set[str]:
+    for name in (*allow, *forbid):
+        if name not in TECHNIQUES:
+            raise BadInputError(
+                f"Unknown technique {name!r}.{closest(name, list(TECHNIQUES))} "
+                f"Known: {', '.join(TECHNIQUES)}."
+            )
+    both = set(allow) & set(forbid)
+    if both:
+        raise BadInputError(
+            f"{', '.join(sorted(both))} is both allowed and forbidden; drop one of the flags."
+        )
+    return (set(TECHNIQUES) - OPT_IN - set(forbid)) | set(allow)
+
+
+def _shapes(goal: Goal, allowed: set[str], gpu: Any, spec: ModelSpec) -> list[_Shape]:
+    low = "bf16" if gpu.bf16 else "fp16"
+    if goal.precision:
+        precisions = [goal.precision]
+    else:
+        # fp32 needs more memory than mixed precision and runs slower, so it is searched only
+        # when mixed precision is not allowed.
+        precisions = [f"{low}-mixed"] if "mixed-precision" in allowed else ["fp32"]
+        if "pure-precision" in allowed and gpu.bf16:
+            precisions.append("bf16-true")
+    if goal.optimizer:
+        optimizers = [goal.optimizer]
+    else:
+        optimizers = ["adamw"]
+        if "8bit-optimizer" in allowed:
+            optimizers.append("adamw-8bit")
+        if "adafactor" in allowed:
+            optimizers.append("adafactor")
+    ckpt = ["off", "blocks"] if "checkpointing" in allowed and spec.num_layers else ["off"]
+    lora = [False, True] if "lora" in allowed else [False]
+    tied = [False, True] if "tied-embeddings" in allowed else [False]
+    out = [
+        _Shape(*combo)
+        for combo in itertools.product(precisions, optimizers, ckpt, lora, tied)
+        # LoRA's optimizer state is tiny: try only the goal's (or AdamW) optimizer with it.
+        if not combo[3] or combo[1] == (goal.optimizer or "adamw")
+    ]
+    if True in lora and not goal.precision and gpu.bf16 and "bf16-true" not in precisions:
+        # A frozen base needs no fp32 master weights: LoRA is usually trained on a 16-bit base.
+        for c, t in itertools.product(ckpt, tied):
+            out.append(_Shape("bf16-true", goal.optimizer or "adamw", c, True, t))
+    # Fastest first (16-bit compute, no recomputation), lightest next: a good plan found early
+    # bounds the rest, and a light shape that fails rules out the heavier ones.
+    return sorted(out, key=lambda s: (
+        s.precision == "fp32", s.checkpointing != "off",
+        _PRECISION_WEIGHT[s.precision] + _OPTIMIZER_WEIGHT[s.optimizer] - s.lora - s.tied,
+    ))  # fmt: skip
+
+
+def _placements(allowed: set[str]) -> list[tuple[bool, bool]]:
+    offload = [False, True] if "offload" in allowed else [False]
+    emb = [False, True] if "cpu-embedding" in allowed else [False]
+    return list(itertools.product(offload, emb))
+
+
+def work_of(est: Estimate) -> StepWork:
+    """The step's work for the cost model, from an estimate (per GPU)."""
+    w = est.workload
+    flops = est.flops
+    rec = est.records_summary
+    tokens = w.batch_size * (w.seq_len or 1)
+    return StepWork(
+        forward_flops=flops.get("forward", 0),
+        backward_flops=flops.get("backward", 0) + flops.get("recompute", 0),
+        recompute_flops=flops.get("recompute", 0),
+        optimizer_flops=flops.get("optimizer", 0),
+        micro_batches=w.grad_accum,
+        tokens_per_micro_batch=tokens,
+        compute_dtype=w.compute_dtype_name,
+        # The update reads and writes the trainable parameters, as large as their gradients
+        # (frozen weights, e.g. under LoRA, are not touched).
+        parameter_bytes=rec["gradients"],
+        gradient_bytes=rec["gradients"],
+        optimizer_state_bytes=rec["optimizer_state"],
+        offloaded_optimizer_bytes=rec["host_optimizer_state"] if w.offload_optimizer else 0,
+        offloaded_parameter_count=est.trainable_parameter_count if w.offload_optimizer else 0,
+        cpu_embedding_bytes_per_step=2 * rec["embedding_output"] * w.grad_accum
+        if w.embedding_on_cpu
+        else 0,
+    )
+
+
+class _Search:
+    def __init__(self, spec: ModelSpec, goal: Goal, gpu: Any) -> None:
+        self.spec = spec
+        self.goal = goal
+        self.gpu = gpu
+        self.traces: dict[tuple[_Shape, int], tuple[Trace, int, bool]] = {}
+        self.candidates: list[Candidate] = []
+
+    def workload(self, shape: _Shape, mb: int, offload: bool, emb: bool) -> Workload:
+        return Workload(
+            batch_size=mb,
+            seq_len=self.goal.seq_len,
+            image_size=self.goal.image_size,
+            precision=shape.precision,
+            optimizer=shape.optimizer,
+            grad_accum=self.goal.global_batch // mb,
+            checkpointing=shape.checkpointing,
+            lora=LoraConfig(rank=PLAN_LORA_RANK) if shape.lora else None,
+            tie_embeddings=shape.tied,
+            offload_optimizer=offload,
+            embedding_on_cpu=emb,
+            gpu=self.gpu.name,
+        )
+
+    def evaluate(self, shape: _Shape, mb: int, placements: list[tuple[bool, bool]]) -> list[
+        Candidate
+    ]:  # fmt: skip
+        key = (shape, mb)
+        base = self.workload(shape, mb, False, False)
+        if key not in self.traces:
+            self.traces[key] = trace_spec(
+                self.spec, base, self.gpu.compute_capability, verify=False
+            )
+        tr, n_blocks, replayed = self.traces[key]
+        out = []
+        for offload, emb in placements:
+            if shape.tied and emb:
+                continue
+            w = self.workload(shape, mb, offload, emb)
+            try:
+                est = estimate_from_trace(
+                    self.spec, w, tr, n_blocks=n_blocks, replayed=replayed, gpu=self.gpu
+                )
+            except BadInputError:
+                continue  # e.g. no input embedding to move to the CPU
+            cand = Candidate(workload=w, estimate=est, cost=step_cost(work_of(est), self.gpu,
+                                                                       tf32=False))  # fmt: skip
+            self.candidates.append(cand)
+            out.append(cand)
+        return out
+
+
+def plan(
+    model: Any,
+    *,
+    gpu: str,
+    goal: Goal,
+    n_gpus: int = 1,
+    allow: tuple[str, ...] = (),
+    forbid: tuple[str, ...] = (),
+    task: str | None = None,
+) -> Plan:
+    """The fastest configuration of `model` that reaches `goal` on `gpu`.
+
+    Example:
+        >>> p = memfit.plan("llama-2-7b", gpu="rtx-4090", goal=Goal(global_batch=32, seq_len=2048))
+        >>> p.best.workload, p.best.cost.seconds
+    """
+    from memfit.gpus import get_gpu
+
+    t0 = time.perf_counter()
+    if n_gpus != 1:
+        raise BadInputError(
+            f"Planning over {n_gpus} GPUs (FSDP/ZeRO sharding) is not modelled yet; plan for one "
+            "GPU (--gpus 1) and divide the global batch by the number of data-parallel GPUs."
+        )
+    gpu_obj = get_gpu(gpu)
+    allowed = _allowed(allow, forbid)
+    spec = resolve_model(model, task=task)
+    if goal.seq_len and spec.max_positions and goal.seq_len > spec.max_positions:
+        raise BadInputError(
+            f"Sequence length {goal.seq_len} is longer than {spec.name!r} supports "
+            f"({spec.max_positions} positions)."
+        )
+    search = _Search(spec, goal, gpu_obj)
+    placements = _placements(allowed)
+    micro = _divisors(goal.global_batch) if "micro-batch" in allowed else [goal.global_batch]
+    failed: list[_Shape] = []
+    best_seconds = float("inf")
+    shapes = _shapes(goal, allowed, gpu_obj, spec)
+    # Probe the lightest shapes at the smallest micro-batch first: a light shape that does not
+    # fit rules out every heavier one before any of them is traced.
+    lightest = [s for s in shapes if not any(_heavier(s, t) and s != t for t in shapes)]
+    for shape in lightest:
+        if not any(c.fits for c in search.evaluate(shape, micro[0], placements)):
+            failed.append(shape)
+    for shape in shapes:
+        if any(_heavier(shape, f) for f in failed):
+            continue
+        # The largest micro-batch first: if it fits, nothing of this shape is faster; if not,
+        # its cost bounds every smaller micro-batch from below (less efficient, more launches;
+        # placements only add transfers), so a shape that cannot win is not searched.
+        top = search.evaluate(shape, micro[-1], placements)
+        if any(c.fits for c in top):
+            best_seconds = min(best_seconds, *(c.cost.seconds for c in top if c.fits))
+            continue
+        if not top or min(c.cost.seconds for c in top) >= best_seconds:
+            continue
+        # Binary search for the largest micro-batch at which some placement fits.
+        lo, hi, best_i = 0, len(micro) - 2, -1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            cands = search.evaluate(shape, micro[mid], placements)
+            fit = [c.cost.seconds for c in cands if c.fits]
+            if fit:
+                best_i, lo = mid, mid + 1
+                best_seconds = min(best_seconds, *fit)
+            else:
+                hi = mid - 1
+        if best_i < 0 and micro[0] == 1:
+            failed.append(shape)
+    fitting = [c for c in search.candidates if c.fits]
+    best = min(fitting, key=lambda c: c.cost.seconds) if fitting else None
+    if best is not None:
+        best = _confirm(spec, best, gpu_obj, task)
+    baseline = _baseline(search, goal)
+    closest_miss = None
+    suggestions: list[str] = []
+    if best is None:
+        closest_miss = min(search.candidates, key=lambda c: c.device_total_bytes, default=None)
+        suggestions = _suggestions(spec, goal, gpu_obj, closest_miss)
+    return Plan(
+        model=spec.name,
+        gpu=gpu_obj,
+        goal=goal,
+        best=best,
+        pareto=pareto(fitting),
+        baseline=baseline,
+        closest_miss=closest_miss,
+        suggestions=suggestions,
+        evaluated=len(search.candidates),
+        traces=len(search.traces),
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _confirm(spec: ModelSpec, cand: Candidate, gpu: Any, task: str | None) -> Candidate:
+    """Estimate the recommendation through `memfit.estimate` (with the replay check)."""
+    from memfit.estimator import estimate
+
+    est = estimate(spec, cand.workload, gpu=gpu.name, task=task)
+    return Candidate(workload=cand.workload, estimate=est,
+                     cost=step_cost(work_of(est), gpu, tf32=False))  # fmt: skip
+
+
+def _baseline(search: _Search, goal: Goal) -> Candidate | None:
+    """The plain configuration (whole batch at once, fp32 or the fixed precision, no
+    techniques), when the search estimated it: what dominated memory before the plan."""
+    for c in search.candidates:
+        w = c.workload
+        if (
+            w.batch_size == goal.global_batch
+            and w.checkpointing == "off"
+            and not w.offload_optimizer
+            and not w.embedding_on_cpu
+            and w.lora is None
+            and not w.tie_embeddings
+        ):
+            return c
+    return None
+
+
+def pareto(cands: list[Candidate]) -> list[Candidate]:
+    """Candidates not beaten on both device memory and step time, fastest first."""
+    out: list[Candidate] = []
+    for c in sorted(cands, key=lambda c: (c.cost.seconds, c.device_total_bytes)):
+        if not out or c.device_total_bytes < out[-1].device_total_bytes:
+            out.append(c)
+    return out
+
+
+def _suggestions(spec: ModelSpec, goal: Goal, gpu: Any, miss: Candidate | None) -> list[str]:
+    from memfit.gpus import list_gpus
+    from memfit.report import format_bytes
+
+    out = []
+    if miss is not None:
+        need = miss.device_total_bytes
+        needs_bf16 = miss.workload.precision.startswith("bf16")
+        bigger = sorted(
+            (
+                g
+                for g in list_gpus()
+                if g.total_memory_bytes * 0.95 >= need and (g.bf16 or not needs_bf16)
+            ),
+            key=lambda g: g.total_memory_bytes,
+        )
+        if bigger:
+            out.append(
+                f"A GPU with at least {format_bytes(need)}: e.g. {bigger[0].name} "
+                f"({format_bytes(bigger[0].total_memory_bytes)})."
+            )
+        out.append(
+            f"The closest configuration needs {format_bytes(need)} on the device; "
+            f"{gpu.name} has {format_bytes(gpu.total_memory_bytes)}."
+        )
+    if goal.seq_len and goal.seq_len > 128:
+        out.append(f"A shorter sequence (`memfit max-seq {spec.name} --gpu {gpu.name}`).")
+    out.append("More GPUs with sharding (not modelled yet), or allow LoRA (--allow lora).")
+    return out
+
+
+@dataclass(kw_only=True)
+class Limit:
+    """The largest micro-batch (or sequence) that fits, and the memory curve on the way."""
+
+    model: str
+    gpu: Any
+    what: str  # "batch_size" or "seq_len"
+    largest: int | None
+    curve: list[tuple[int, int, bool]]  # (value, device total bytes, fits), by value
+    seconds: float = 0.0
+
+
+def _limit(model: Any, w: Workload, gpu: str, what: str, upper: int, task: str | None) -> Limit:
+    """Exponential growth, then binary search, over the estimator (not an extrapolation)."""
+    from memfit.gpus import get_gpu
+
+    t0 = time.perf_counter()
+    gpu_obj = get_gpu(gpu)
+    spec = resolve_model(model, task=task)
+    seen: dict[int, tuple[int, bool]] = {}
+
+    def fits(value: int) -> bool:
+        if value not in seen:
+            wv = w.with_(gpu=gpu_obj.name, **{what: value})
+            tr, n, rep = trace_spec(spec, wv, gpu_obj.compute_capability, verify=False)
+            est = estimate_from_trace(spec, wv, tr, n_blocks=n, replayed=rep, gpu=gpu_obj)
+            seen[value] = (est.profile.device_total_bytes or 0, bool(est.fits))
+        return seen[value][1]
+
+    good, bad = 0, None
+    value = 1
+    while value <= upper:
+        if fits(value):
+            good, value = value, value * 2
+        else:
+            bad = value
+            break
+    if bad is None and good < upper and fits(upper):
+        good = upper
+    elif bad is None:
+        bad = upper + 1
+    lo, hi = good + 1, (bad if bad is not None else upper + 1) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            good, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    curve = sorted((v, b, f) for v, (b, f) in seen.items())
+    return Limit(
+        model=spec.name, gpu=gpu_obj, what=what, largest=good or None, curve=curve,
+        seconds=time.perf_counter() - t0,
+    )  # fmt: skip
+
+
+#: The largest micro-batch `max_batch` tries.
+MAX_BATCH_UPPER = 4096
+
+
+def max_batch(model: Any, w: Workload, *, gpu: str, task: str | None = None) -> Limit:
+    """The largest micro-batch of `w` that fits `gpu`, by search over the estimator."""
+    return _limit(model, w, gpu, "batch_size", MAX_BATCH_UPPER, task)
+
+
+def max_seq(model: Any, w: Workload, *, gpu: str, task: str | None = None) -> Limit:
+    """The longest sequence (up to the model's positions) for `w` that fits `gpu`."""
+    spec = resolve_model(model, task=task)
+    upper = spec.max_positions or 131072
+    return _limit(spec, w, gpu, "seq_len", upper, task)
