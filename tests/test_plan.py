@@ -101,3 +101,25 @@ def test_max_batch_is_the_boundary():
     assert fits.get(limit.largest + 1) is False
     # The estimate agrees at the boundary.
     assert memfit.estimate("gpt2", w.with_(batch_size=limit.largest), gpu="t4").fits
+
+
+def test_checkpoints_as_few_blocks_as_fit():
+    # gpt2 (12 blocks), global batch 8 x 1024 in one micro-batch on an RTX 3060: checkpointing
+    # every block fits, but fewer blocks fit too; the plan checkpoints the fewest.
+    p = plan(
+        "gpt2", gpu="rtx-3060", goal=Goal(global_batch=8, seq_len=1024),
+        forbid=("micro-batch", "adafactor", "8bit-optimizer", "offload", "cpu-embedding"),
+    )  # fmt: skip
+    assert p.best is not None
+    w = p.best.workload
+    k = w.checkpoint_first
+    assert w.checkpointing == "blocks" and k is not None and 0 < k < 12
+    # Minimal: one block fewer does not fit.
+    assert not memfit.estimate("gpt2", w.with_(checkpoint_first=k - 1), gpu="rtx-3060").fits
+    # Every block also fits this budget, and recomputes more: 12 blocks against k.
+    every = memfit.estimate("gpt2", w.with_(checkpoint_first=None), gpu="rtx-3060")
+    assert every.fits
+    ours = p.best.estimate.flops["recompute"]
+    assert ours < every.flops["recompute"]
+    # Recompute FLOPs are per block: k of 12 blocks' worth.
+    assert ours * 12 == pytest.approx(every.flops["recompute"] * k, rel=1e-6)

@@ -82,7 +82,9 @@ def trace_spec(
     from memfit.replay import TRACED_BLOCKS, ReplayMismatch, expand
 
     n = spec.num_layers
-    if spec.can_shorten and n is not None and n > TRACED_BLOCKS + 1:
+    partial_ckpt = w.checkpoint_first is not None and w.checkpoint_first < (n or 0)
+    # Blocks checkpointed and not are different blocks: such a model is traced whole.
+    if spec.can_shorten and n is not None and n > TRACED_BLOCKS + 1 and not partial_ckpt:
         entry = spec.extra.get("entry")
         uniform = entry is None or _uniform_layers(_config_ns(entry.config))
         if uniform:

@@ -370,6 +370,9 @@ def plan(
             failed.append(shape)
     fitting = [c for c in search.candidates if c.fits]
     best = min(fitting, key=lambda c: c.cost.seconds) if fitting else None
+    if best is not None and best.workload.checkpointing == "blocks" and spec.num_layers:
+        best = _fewest_checkpointed(spec, best, gpu_obj, spec.num_layers)
+        fitting.append(best)
     if best is not None:
         best = _confirm(spec, best, gpu_obj, task)
     baseline = _baseline(search, goal)
@@ -391,6 +394,30 @@ def plan(
         traces=len(search.traces),
         seconds=time.perf_counter() - t0,
     )
+
+
+def _fewest_checkpointed(spec: ModelSpec, cand: Candidate, gpu: Any, n_blocks: int) -> Candidate:
+    """Checkpoint as few blocks as fit: the least recomputation under the budget.
+
+    The blocks are identical, so each costs the same to recompute; the least recompute is the
+    smallest k such that checkpointing the first k blocks (nearest the input: recomputed last,
+    when the later blocks' activations are already freed) still fits. Memory falls as k grows,
+    so k is found by binary search. Such a model is traced whole (blocks differ).
+    """
+    best = cand
+    lo, hi = 0, n_blocks - 1
+    while lo <= hi:
+        k = (lo + hi) // 2
+        w = cand.workload.with_(checkpoint_first=k)
+        tr, n, rep = trace_spec(spec, w, gpu.compute_capability, verify=False)
+        est = estimate_from_trace(spec, w, tr, n_blocks=n, replayed=rep, gpu=gpu)
+        if est.fits:
+            best = Candidate(workload=w, estimate=est, cost=step_cost(work_of(est), gpu,
+                                                                     tf32=False))  # fmt: skip
+            hi = k - 1
+        else:
+            lo = k + 1
+    return best
 
 
 def _confirm(spec: ModelSpec, cand: Candidate, gpu: Any, task: str | None) -> Candidate:

@@ -12,7 +12,11 @@ def _describe(c: Candidate) -> str:
     w = c.workload
     parts = [f"micro-batch {w.batch_size} x {w.grad_accum} accumulation", w.precision, w.optimizer]
     if w.checkpointing != "off":
-        parts.append("checkpointing every block")
+        parts.append(
+            "checkpointing every block"
+            if w.checkpoint_first is None
+            else f"checkpointing the first {w.checkpoint_first} blocks"
+        )
     if w.lora is not None:
         parts.append(f"LoRA r={w.lora.rank}")
     if w.offload_optimizer:
@@ -33,6 +37,8 @@ def apply_code(c: Candidate, model: str, gpu: str) -> str:
     fields += [f"precision={w.precision!r}", f"optimizer={w.optimizer!r}"]
     if w.checkpointing != "off":
         fields.append(f"checkpointing={w.checkpointing!r}")
+        if w.checkpoint_first is not None:
+            fields.append(f"checkpoint_first={w.checkpoint_first}")
     if w.lora is not None:
         fields.append(f"lora=memfit.LoraConfig(rank={w.lora.rank})")
     for flag in ("offload_optimizer", "embedding_on_cpu", "tie_embeddings"):
@@ -53,6 +59,7 @@ def _candidate_json(c: Candidate) -> dict[str, Any]:
         "precision": c.workload.precision,
         "optimizer": c.workload.optimizer,
         "checkpointing": c.workload.checkpointing,
+        "checkpoint_first": c.workload.checkpoint_first,
         "lora_rank": c.workload.lora.rank if c.workload.lora else None,
         "offload_optimizer": c.workload.offload_optimizer,
         "embedding_on_cpu": c.workload.embedding_on_cpu,

@@ -217,7 +217,8 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
                 f"--checkpointing blocks needs a stack of repeated blocks, and {spec.name!r} has "
                 "none (no nn.ModuleList/nn.Sequential of identical modules)."
             )
-        checkpoint_blocks(model, blocks)
+        chosen = blocks if w.checkpoint_first is None else blocks[: w.checkpoint_first]
+        checkpoint_blocks(model, chosen)
     model.train(w.training)
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "use_cache"):

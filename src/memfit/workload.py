@@ -72,6 +72,9 @@ class Workload:
         optimizer: one of OPTIMIZERS; "none" runs forward + backward without a step.
         grad_accum: gradient-accumulation steps (micro-batches per optimizer step).
         checkpointing: "off" or "blocks" (non-reentrant checkpoint on every repeated block).
+        checkpoint_first: with checkpointing "blocks", checkpoint only the first k repeated
+            blocks (those nearest the input, whose recomputation happens last in backward,
+            when the later blocks' activations are already freed); None means all.
         lora: LoRA adapters, or None.
         freeze: module-name prefixes whose parameters are frozen (no grad, no optimizer state).
         attention: "sdpa" (PyTorch scaled_dot_product_attention) or "eager" (explicit softmax).
@@ -93,6 +96,7 @@ class Workload:
     optimizer: str = "adamw"
     grad_accum: int = 1
     checkpointing: str = "off"
+    checkpoint_first: int | None = None
     lora: LoraConfig | None = None
     freeze: tuple[str, ...] = ()
     attention: str = "sdpa"
@@ -115,6 +119,15 @@ class Workload:
         _choice("precision", self.precision, PRECISIONS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("checkpointing", self.checkpointing, CHECKPOINTING)
+        if self.checkpoint_first is not None:
+            if self.checkpointing != "blocks":
+                raise BadInputError(
+                    "checkpoint_first needs checkpointing='blocks' (--checkpointing blocks)."
+                )
+            if isinstance(self.checkpoint_first, bool) or self.checkpoint_first < 0:
+                raise BadInputError(
+                    f"checkpoint_first must be a block count >= 0, got {self.checkpoint_first!r}."
+                )
         _choice("attention", self.attention, ATTENTION)
         if self.embedding_on_cpu and self.tie_embeddings:
             raise BadInputError(
@@ -149,7 +162,8 @@ class Workload:
         if self.grad_accum > 1:
             out.append(f"grad-accum x{self.grad_accum}")
         if self.checkpointing != "off":
-            out.append(f"checkpointing:{self.checkpointing}")
+            first = "" if self.checkpoint_first is None else f" (first {self.checkpoint_first})"
+            out.append(f"checkpointing:{self.checkpointing}{first}")
         if self.lora is not None:
             out.append(f"lora r={self.lora.rank}")
         if self.freeze:
