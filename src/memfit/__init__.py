@@ -18,23 +18,34 @@ from memfit.workload import LoraConfig, Workload
 
 if TYPE_CHECKING:
     from memfit.estimator import Estimate, estimate
+    from memfit.plan import Goal, Plan, max_batch, max_seq, plan
     from memfit.profile import MemoryProfile
 
 __all__ = [
     "BadInputError",
     "Estimate",
+    "Goal",
     "LoraConfig",
     "MemfitError",
     "MemoryProfile",
+    "Plan",
     "TraceError",
     "Workload",
     "estimate",
+    "max_batch",
+    "max_seq",
+    "plan",
 ]
 
 _LAZY = {
     "estimate": ("memfit.estimator", "estimate"),
     "Estimate": ("memfit.estimator", "Estimate"),
     "MemoryProfile": ("memfit.profile", "MemoryProfile"),
+    "plan": ("memfit.plan", "plan"),
+    "Plan": ("memfit.plan", "Plan"),
+    "Goal": ("memfit.plan", "Goal"),
+    "max_batch": ("memfit.plan", "max_batch"),
+    "max_seq": ("memfit.plan", "max_seq"),
 }
 
 
