@@ -283,10 +283,16 @@ class _Search:
                 self.spec, base, self.gpu.compute_capability, verify=False
             )
         tr, n_blocks, replayed = self.traces[key]
-        out = []
-        for offload, emb in placements:
-            if shape.tied and emb:
-                continue
+        out: list[Candidate] = []
+        # Placements only move memory to the CPU, at a cost: when everything on the GPU fits,
+        # they cannot be faster; when the lightest placement does not fit, none does.
+        usable = [(o, e) for o, e in placements if not (shape.tied and e)]
+        order = sorted(usable, key=lambda oe: (oe != (False, False), -(oe[0] + oe[1])))
+        for offload, emb in order:
+            if out and out[0].fits and (offload or emb):
+                break
+            if len(out) == 2 and not out[1].fits:
+                break
             w = self.workload(shape, mb, offload, emb)
             try:
                 est = estimate_from_trace(
@@ -447,12 +453,13 @@ def _confirm(spec: ModelSpec, cand: Candidate, gpu: Any, task: str | None) -> Ca
 
 
 def _baseline(search: _Search, goal: Goal) -> Candidate | None:
-    """The plain configuration (whole batch at once, fp32 or the fixed precision, no
+    """The plain configuration (whole batch at once, the goal's or AdamW optimizer, no
     techniques), when the search estimated it: what dominated memory before the plan."""
     for c in search.candidates:
         w = c.workload
         if (
             w.batch_size == goal.global_batch
+            and w.optimizer == (goal.optimizer or "adamw")
             and w.checkpointing == "off"
             and not w.offload_optimizer
             and not w.embedding_on_cpu

@@ -104,10 +104,10 @@ def _effective_owners(events: list[Event], records: dict[int, StorageRecord]) ->
 def _runs(events: list[Event], own: list[int]) -> list[tuple[int, int, int]]:
     """(start, end, owner) of each run of consecutive events with one owner and phase.
 
-    A run also ends where a foreach op's outputs give way to frees: the temporaries of a
-    foreach op are released in list order reversed (a Python list frees its items from the
-    end), so the block at the end of the parameter list would otherwise merge its allocations
-    and its frees into one run.
+    A run also ends where a list of optimizer temporaries (a foreach op's outputs, or a list
+    built per parameter) gives way to its frees: a Python list frees its items from the end,
+    so the block at the end of the parameter list would otherwise merge its allocations and
+    its frees into one run.
     """
     runs = []
     start = 0
@@ -120,7 +120,21 @@ def _runs(events: list[Event], own: list[int]) -> list[tuple[int, int, int]]:
             or (
                 events[i][0] == FREE
                 and events[i - 1][0] == ALLOC
-                and events[i - 1][4].startswith("_foreach")
+                and (
+                    events[i - 1][4].startswith("_foreach")
+                    # A list built in the optimizer (e.g. Adafactor's per-parameter norms)
+                    # released from its end: the first of several frees is of the last of
+                    # several allocations by one op.
+                    or (
+                        events[i][2] == "optimizer"
+                        and events[i][1] == events[i - 1][1]
+                        and i + 1 < len(events)
+                        and events[i + 1][0] == FREE
+                        and i >= 2
+                        and events[i - 2][0] == ALLOC
+                        and events[i - 2][4] == events[i - 1][4]
+                    )
+                )
             )
         ):
             runs.append((start, i, own[start]))
