@@ -12,7 +12,10 @@ def test_defaults_and_properties():
     assert Workload(precision="fp16-true").compute_dtype_name == "float16"
     assert Workload(grad_accum=4, checkpointing="blocks").techniques() == [
         "grad-accum x4",
-        "checkpointing:blocks",
+        "checkpointing every block",
+    ]
+    assert Workload(checkpointing="blocks", checkpoint_first=3).techniques() == [
+        "checkpointing the first 3 blocks"
     ]
 
 

@@ -10,22 +10,8 @@ from memfit.report import format_bytes
 
 def _describe(c: Candidate) -> str:
     w = c.workload
-    parts = [f"micro-batch {w.batch_size} x {w.grad_accum} accumulation", w.precision, w.optimizer]
-    if w.checkpointing != "off":
-        parts.append(
-            "checkpointing every block"
-            if w.checkpoint_first is None
-            else f"checkpointing the first {w.checkpoint_first} blocks"
-        )
-    if w.lora is not None:
-        parts.append(f"LoRA r={w.lora.rank}")
-    if w.offload_optimizer:
-        parts.append("optimizer state on CPU")
-    if w.embedding_on_cpu:
-        parts.append("embedding on CPU")
-    if w.tie_embeddings:
-        parts.append("tied embeddings")
-    return ", ".join(parts)
+    head = [f"micro-batch {w.batch_size} x {w.grad_accum} accumulation", w.precision, w.optimizer]
+    return ", ".join(head + [t for t in w.techniques() if not t.startswith("grad-accum")])
 
 
 def apply_code(c: Candidate, model: str, gpu: str) -> str:

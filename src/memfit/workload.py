@@ -162,14 +162,17 @@ class Workload:
         if self.grad_accum > 1:
             out.append(f"grad-accum x{self.grad_accum}")
         if self.checkpointing != "off":
-            first = "" if self.checkpoint_first is None else f" (first {self.checkpoint_first})"
-            out.append(f"checkpointing:{self.checkpointing}{first}")
+            out.append(
+                "checkpointing every block"
+                if self.checkpoint_first is None
+                else f"checkpointing the first {self.checkpoint_first} blocks"
+            )
         if self.lora is not None:
-            out.append(f"lora r={self.lora.rank}")
+            out.append(f"LoRA r={self.lora.rank}")
         if self.freeze:
-            out.append("frozen:" + ",".join(self.freeze))
+            out.append("frozen: " + ", ".join(self.freeze))
         if self.offload_optimizer:
-            out.append("optimizer on CPU")
+            out.append("optimizer state on CPU")
         if self.embedding_on_cpu:
             out.append("embedding on CPU")
         if self.tie_embeddings:
