@@ -64,9 +64,9 @@ def steady_flops(flops: dict[tuple[int, str, int], int], scale: float = 1.0) -> 
     return out
 
 
-def _uniform_layers(model_config: Any) -> bool:
+def _uniform_layers(config: Any) -> bool:
     """False when the config gives blocks different behaviour (e.g. sliding-window layers)."""
-    types = getattr(model_config, "layer_types", None)
+    types = dict(config).get("layer_types")
     return not types or len(set(types)) <= 1
 
 
@@ -86,7 +86,7 @@ def trace_spec(
     # Blocks checkpointed and not are different blocks: such a model is traced whole.
     if spec.can_shorten and n is not None and n > TRACED_BLOCKS + 1 and not partial_ckpt:
         entry = spec.extra.get("entry")
-        uniform = entry is None or _uniform_layers(_config_ns(entry.config))
+        uniform = entry is None or _uniform_layers(entry.config)
         if uniform:
             tr = run_trace(spec, w, capability, num_layers=TRACED_BLOCKS)
             if len(tr.block_paths) == TRACED_BLOCKS:
@@ -130,16 +130,6 @@ def _replay_verified(
     expanded = MemoryProfile.from_events(records, events)
     actual = MemoryProfile.from_events(four.records, four.events)
     return _profile_key(expanded) == _profile_key(actual)
-
-
-def _config_ns(config: Any) -> Any:
-    class _NS:
-        pass
-
-    ns = _NS()
-    for k, v in dict(config).items():
-        setattr(ns, k, v)
-    return ns
 
 
 def estimate(

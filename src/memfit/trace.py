@@ -247,7 +247,6 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
     host_keys = host_state_keys(optimizer) if optimizer is not None else frozenset()
     tracker.optimizer_host_scalars = "step" in host_keys
 
-    names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
     module_of = {id(p): n.rsplit(".", 1)[0] if "." in n else "" for n, p in
                  model.named_parameters(remove_duplicate=False)}  # fmt: skip
     owner_of_module = tracker.owner_of_path
@@ -297,7 +296,6 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
             raise _trace_error(e, tracker) from e
         finally:
             tracker.close()
-    del names
     gc.collect()
     return Trace(
         records=tracker.records,
