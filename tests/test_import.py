@@ -42,3 +42,13 @@ def test_inputs_are_categorised_and_released():
     # each rounded up to one 512-B allocator block, alive during the forward (the peak).
     assert est.profile.peak_phase == "forward"
     assert est.profile.breakdown["inputs"] == 2 * 512
+
+
+def test_verbs_are_functions_not_submodules():
+    # A submodule named like a verb would shadow it once imported (memfit.measure -> module).
+    import memfit
+    import memfit.apply  # noqa: F401
+    import memfit.measurement  # noqa: F401
+
+    for name in ("apply_", "measure", "estimate", "plan"):
+        assert callable(getattr(memfit, name)), name

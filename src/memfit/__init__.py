@@ -17,23 +17,32 @@ from memfit.errors import BadInputError, MemfitError, TraceError
 from memfit.workload import LoraConfig, Workload
 
 if TYPE_CHECKING:
+    from memfit.apply import apply_
     from memfit.estimator import Estimate, estimate
+    from memfit.measurement import Measurement, measure
     from memfit.plan import Goal, Plan, max_batch, max_seq, plan
     from memfit.profile import MemoryProfile
+    from memfit.train_setup import TrainSetup
+    from memfit.weights_io import load_weights
 
 __all__ = [
     "BadInputError",
     "Estimate",
     "Goal",
     "LoraConfig",
+    "Measurement",
     "MemfitError",
     "MemoryProfile",
     "Plan",
     "TraceError",
+    "TrainSetup",
     "Workload",
+    "apply_",
     "estimate",
+    "load_weights",
     "max_batch",
     "max_seq",
+    "measure",
     "plan",
 ]
 
@@ -46,6 +55,11 @@ _LAZY = {
     "Goal": ("memfit.plan", "Goal"),
     "max_batch": ("memfit.plan", "max_batch"),
     "max_seq": ("memfit.plan", "max_seq"),
+    "apply_": ("memfit.apply", "apply_"),
+    "TrainSetup": ("memfit.train_setup", "TrainSetup"),
+    "load_weights": ("memfit.weights_io", "load_weights"),
+    "measure": ("memfit.measurement", "measure"),
+    "Measurement": ("memfit.measurement", "Measurement"),
 }
 
 

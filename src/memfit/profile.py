@@ -60,6 +60,11 @@ class MemoryProfile:
     peak_reserved_bytes: int | None = None
     device_total_bytes: int | None = None
     device_breakdown: dict[str, int] = field(default_factory=dict)
+    #: The stream the profile was built from (records by storage id, events in order), kept by
+    #: reference for renderers that need more than the totals (timeline by category, the
+    #: memory_viz export). Not part of equality or repr.
+    records: dict[int, StorageRecord] = field(default_factory=dict, compare=False, repr=False)
+    events: list[Event] = field(default_factory=list, compare=False, repr=False)
 
     @classmethod
     def from_events(
@@ -133,6 +138,8 @@ class MemoryProfile:
             timeline_phases=tl_phases,
             top_tensors=top_tensors,
             max_activation_bytes=max_act,
+            records=records,
+            events=events,
         )
 
     def modules_at_depth(self, depth: int) -> dict[str, int]:

@@ -128,11 +128,21 @@ def _add_lora(model: torch.nn.Module, w: Workload, spec: ModelSpec) -> torch.nn.
 region_listeners: list[Callable[[str, bool], None]] = []
 
 
-def checkpoint_blocks(model: torch.nn.Module, block_paths: list[str]) -> None:
+def checkpoint_blocks(
+    model: torch.nn.Module,
+    block_paths: list[str],
+    *,
+    save_ops: tuple[str, ...] | None = None,
+) -> int:
     """Wrap each block's forward in non-reentrant activation checkpointing (in place).
 
-    Wrapping twice is a no-op: the wrapped forward is marked.
+    With `save_ops` (aten op names), checkpointing is selective: the outputs of those ops are
+    saved and the rest is recomputed (create_selective_checkpoint_contexts).
+    Wrapping twice is a no-op: the wrapped forward is marked. Returns the blocks wrapped now.
     """
+    context_fn = _selective_context(save_ops) if save_ops is not None else None
+    extra: dict[str, Any] = {"context_fn": context_fn} if context_fn is not None else {}
+    wrapped_now = 0
     for path in block_paths:
         block = model.get_submodule(path)
         fwd = block.forward
@@ -152,7 +162,22 @@ def checkpoint_blocks(model: torch.nn.Module, block_paths: list[str]) -> None:
         def wrapped(*args: Any, _fwd=fwd, _run=run, **kwargs: Any) -> Any:
             if not torch.is_grad_enabled():
                 return _fwd(*args, **kwargs)
-            return checkpoint(_run, *args, use_reentrant=False, **kwargs)
+            return checkpoint(_run, *args, use_reentrant=False, **extra, **kwargs)
 
         wrapped._memfit_checkpointed = True  # type: ignore[attr-defined]
         block.forward = wrapped
+        wrapped_now += 1
+    return wrapped_now
+
+
+def _selective_context(save_ops: tuple[str, ...]) -> Callable[[], Any]:
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    names = frozenset(save_ops)
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        packet = getattr(op, "overloadpacket", None)
+        name = getattr(packet, "__name__", str(op))
+        return CheckpointPolicy.MUST_SAVE if name in names else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return functools.partial(create_selective_checkpoint_contexts, policy)

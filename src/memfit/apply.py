@@ -1,0 +1,252 @@
+"""`memfit.apply_`: turn a plan (or technique configs) into a memory-lean training setup.
+
+Each technique config (memfit.techniques) has one handler, chosen by the config's type. They
+run in a fixed order whatever the order given, because some depend on others: freezing, tying
+and LoRA change which parameters exist and train; the precision cast and device placement come
+next; checkpointing and FSDP wrap the final modules; the optimizer is built last, over the
+parameters that remain trainable.
+
+The model is changed in place (LoRA through peft's `inject_adapter_in_model`, which adapts the
+module tree in place). Applying the same configs twice changes nothing more: every handler is
+idempotent.
+
+Example:
+    >>> import memfit
+    >>> plan = memfit.plan("gpt2", gpu="t4", goal=memfit.Goal(global_batch=32, seq_len=1024))
+    >>> setup = memfit.apply_(model, plan)
+    >>> for batch in loader:
+    ...     loss = setup.step(batch)          # a float; no graph kept
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from memfit.errors import BadInputError
+from memfit.techniques import (
+    AccumulationConfig,
+    CheckpointConfig,
+    EmbeddingOnCpuConfig,
+    FreezeConfig,
+    FSDPConfig,
+    OptimizerConfig,
+    PrecisionConfig,
+    TechniqueConfig,
+    TieEmbeddingsConfig,
+    configs_from_workload,
+)
+from memfit.train_setup import TrainSetup
+from memfit.workload import LoraConfig, Workload
+
+_ORDER = (
+    FreezeConfig,
+    TieEmbeddingsConfig,
+    LoraConfig,
+    PrecisionConfig,
+    EmbeddingOnCpuConfig,
+    CheckpointConfig,
+    FSDPConfig,
+    AccumulationConfig,
+    OptimizerConfig,
+)
+
+
+@dataclass
+class _Build:
+    """What the handlers decide, turned into a TrainSetup at the end."""
+
+    model: torch.nn.Module
+    device: torch.device
+    autocast_dtype: torch.dtype | None = None
+    scaler: Any = None
+    grad_accum: int = 1
+    optimizer: torch.optim.Optimizer | None = None
+    applied: list[str] = field(default_factory=list)
+
+
+def apply_(
+    model: torch.nn.Module,
+    plan_or_configs: Any,
+    *,
+    device: str | torch.device | None = None,
+    lr: float = 1e-3,
+) -> TrainSetup:
+    """Apply a plan's techniques to `model` in place and return the training setup.
+
+    Args:
+        model: the user's model (an HF PreTrainedModel or any nn.Module).
+        plan_or_configs: a `memfit.Plan` (its recommendation), an `Estimate` or `Workload`
+            (their techniques), one technique config, or a list of them (memfit.techniques).
+        device: where the model runs; None keeps it where it is. With an embedding on the
+            CPU, everything else goes to `device`.
+        lr: learning rate of the optimizer built from a plan or workload.
+    """
+    configs = _configs(plan_or_configs, lr)
+    seen: dict[type, TechniqueConfig] = {}
+    for c in configs:
+        if type(c) in seen and seen[type(c)] != c:
+            raise BadInputError(
+                f"Two different {type(c).__name__}s given: {seen[type(c)]!r} and {c!r}. "
+                "Give one config per technique."
+            )
+        seen[type(c)] = c
+    if not isinstance(model, torch.nn.Module):
+        raise BadInputError(f"apply_ needs an nn.Module, got {type(model).__name__}.")
+    target = torch.device(device) if device is not None else _model_device(model)
+    build = _Build(model=model, device=target)
+    ordered = sorted(seen.values(), key=lambda c: _ORDER.index(type(c)))
+    placed = False
+    for c in ordered:
+        if not placed and _ORDER.index(type(c)) > _ORDER.index(PrecisionConfig):
+            _place(build, seen.get(EmbeddingOnCpuConfig))  # type: ignore[arg-type]
+            placed = True
+        _apply_one(c, build)
+    if not placed:
+        _place(build, None)
+    return TrainSetup(
+        model=model,
+        optimizer=build.optimizer,
+        scaler=build.scaler,
+        autocast_dtype=build.autocast_dtype,
+        grad_accum=build.grad_accum,
+        device=target,
+        techniques=tuple(build.applied),
+    )
+
+
+def _configs(obj: Any, lr: float) -> list[TechniqueConfig]:
+    if isinstance(obj, _ORDER):
+        return [obj]
+    if isinstance(obj, Workload):
+        return configs_from_workload(obj, lr=lr)
+    workload = getattr(obj, "workload", None)
+    if isinstance(workload, Workload):  # an Estimate, or a plan Candidate
+        return configs_from_workload(workload, lr=lr)
+    if hasattr(obj, "best") and hasattr(obj, "closest_miss"):  # a Plan
+        if obj.best is None:
+            raise BadInputError(
+                f"The plan for {obj.model!r} found nothing that fits; there is nothing to "
+                "apply. Apply its closest miss explicitly (plan.closest_miss) or allow more "
+                "techniques (--allow lora, --gpus)."
+            )
+        return configs_from_workload(obj.best.workload, lr=lr)
+    if isinstance(obj, Iterable) and not isinstance(obj, (str, bytes)):
+        out = list(obj)
+        bad = [c for c in out if not isinstance(c, _ORDER)]
+        if bad:
+            raise BadInputError(
+                f"apply_ got {bad[0]!r}, which is not a technique config. Use the configs in "
+                "memfit.techniques (CheckpointConfig, PrecisionConfig, ...), a Plan or a "
+                "Workload."
+            )
+        return out
+    raise BadInputError(
+        f"apply_ cannot apply a {type(obj).__name__}. Pass a memfit.Plan, an Estimate, a "
+        "Workload, or technique configs from memfit.techniques."
+    )
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    for p in model.parameters():
+        if p.device.type != "meta":
+            return p.device
+    return torch.device("cpu")
+
+
+@functools.singledispatch
+def _apply_one(config: Any, build: _Build) -> None:
+    raise BadInputError(f"No handler for {type(config).__name__}.")
+
+
+@_apply_one.register
+def _freeze(config: FreezeConfig, build: _Build) -> None:
+    matched = False
+    for name, p in build.model.named_parameters():
+        if any(name == f or name.startswith(f + ".") for f in config.prefixes):
+            p.requires_grad_(False)
+            matched = True
+    if not matched:
+        raise BadInputError(
+            f"FreezeConfig prefixes {list(config.prefixes)!r} match no parameter. Give "
+            "module-name prefixes from model.named_parameters(), e.g. 'model.embed_tokens'."
+        )
+    build.applied.append("frozen: " + ", ".join(config.prefixes))
+
+
+@_apply_one.register
+def _tie(config: TieEmbeddingsConfig, build: _Build) -> None:
+    from memfit.techniques_apply import tie_all_embeddings
+
+    tie_all_embeddings(build.model)
+    build.applied.append("tied embeddings")
+
+
+@_apply_one.register
+def _lora(config: LoraConfig, build: _Build) -> None:
+    from memfit.techniques_apply import add_lora_in_place
+
+    add_lora_in_place(build.model, config)
+    build.applied.append(f"LoRA r={config.rank}")
+
+
+@_apply_one.register
+def _precision(config: PrecisionConfig, build: _Build) -> None:
+    p = config.precision
+    if p == "fp32":
+        return
+    dtype = torch.float16 if p.startswith("fp16") else torch.bfloat16
+    if p.endswith("-true"):
+        build.model.to(dtype)  # floating parameters and buffers only
+    else:
+        build.autocast_dtype = dtype
+        if dtype == torch.float16:
+            build.scaler = torch.amp.GradScaler(build.device.type)
+    build.applied.append(p)
+
+
+@_apply_one.register
+def _embedding_on_cpu(config: EmbeddingOnCpuConfig, build: _Build) -> None:
+    # Placement itself is done by _place, before the modules are wrapped.
+    build.applied.append("embedding on CPU")
+
+
+@_apply_one.register
+def _checkpoint(config: CheckpointConfig, build: _Build) -> None:
+    from memfit.techniques_apply import checkpoint_model
+
+    n = checkpoint_model(build.model, config)
+    build.applied.append(f"checkpointing ({config.policy}) on {n} block{'s' if n != 1 else ''}")
+
+
+@_apply_one.register
+def _fsdp(config: FSDPConfig, build: _Build) -> None:
+    from memfit.techniques_apply import shard_model
+
+    shard_model(build.model, config)
+    build.applied.append("FSDP2")
+
+
+@_apply_one.register
+def _accumulate(config: AccumulationConfig, build: _Build) -> None:
+    build.grad_accum = config.steps
+    if config.steps > 1:
+        build.applied.append(f"grad-accum x{config.steps}")
+
+
+@_apply_one.register
+def _optimizer(config: OptimizerConfig, build: _Build) -> None:
+    from memfit.techniques_apply import make_optimizer
+
+    build.optimizer = make_optimizer(build.model, config)
+    build.applied.append(f"optimizer {config.name}")
+
+
+def _place(build: _Build, emb: EmbeddingOnCpuConfig | None) -> None:
+    from memfit.techniques_apply import move_model
+
+    move_model(build.model, build.device, embedding=emb)

@@ -1,0 +1,192 @@
+"""`memfit.measure`: real memory of real steps, as the same `MemoryProfile` as an estimate.
+
+memfit's tracker (memfit.tracer.Tracker) runs over the real tensors of the user's loop, on the
+CPU or on CUDA: every storage allocated and freed, with its category, module, phase and op.
+Phases are found without the user's help:
+- "forward" starts when the model's forward is called (a new step after an optimizer step);
+- "backward" when autograd runs a node (`torch._C._current_autograd_node()`);
+- "optimizer" inside `optimizer.step()` (global optimizer step hooks), "zero_grad" after it.
+Tensors passed to the model's forward that were made before it are "inputs"; gradients are
+found by post-accumulate-grad hooks, optimizer state after each optimizer step.
+
+On CUDA the allocator's own statistics are read too: `max_memory_allocated` (which the
+tracker's rounded total should equal), `max_memory_reserved`, and the device total from
+`torch.cuda.mem_get_info` (what nvidia-smi shows, other processes included).
+
+Example:
+    >>> with memfit.measure(model, optimizer) as m:
+    ...     for batch in batches:
+    ...         train_step(batch)
+    >>> m.profile.peak_allocated_bytes, m.profile.breakdown
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from memfit.profile import MemoryProfile
+from memfit.tracer import Tracker
+
+
+class _LiveTracker(Tracker):
+    """A Tracker whose phase follows the running code instead of a driver."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if (
+            self.phase != "backward" and torch._C._current_autograd_node() is not None
+        ):
+            self.set_phase("backward")
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+@dataclass
+class Measurement:
+    """Filled when the `measure` block exits.
+
+    Attributes:
+        profile: the measured MemoryProfile (tracker on real tensors).
+        device: "cpu" or "cuda:N".
+        cuda_max_allocated / cuda_max_reserved / cuda_device_used: the CUDA allocator's and the
+            driver's figures over the block (None on CPU).
+        steps: optimizer steps seen.
+    """
+
+    device: str = "cpu"
+    profile: MemoryProfile | None = None
+    cuda_max_allocated: int | None = None
+    cuda_max_reserved: int | None = None
+    cuda_device_used: int | None = None
+    steps: int = 0
+    _hooks: list[Any] = field(default_factory=list, repr=False)
+
+
+@contextlib.contextmanager
+def measure(
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+) -> Iterator[Measurement]:
+    """Measure the steps run inside the block; see the module docstring.
+
+    Args:
+        model: the model trained (its parameters are counted from the start, its forward
+            marks the steps). Without it, everything is counted by when it is made.
+        optimizer: its existing state is counted from the start; any optimizer's step marks
+            the optimizer phase.
+    """
+    from memfit.trace import find_repeated_blocks
+
+    root = model if model is not None else torch.nn.Module()
+    blocks = find_repeated_blocks(root) if model is not None else []
+    tracker = _LiveTracker(root, blocks)
+    m = Measurement(device=_device_of(model))
+    cuda = m.device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    stepped = [False]
+
+    def on_forward(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if tracker.phase in ("forward", "backward") and not stepped[0]:
+            return  # an inner call, or a second forward before backward
+        if stepped[0]:
+            tracker.step += 1
+            stepped[0] = False
+        for t in _tensors((args, kwargs)):
+            if tracker.sid_of(t) is None:
+                tracker.register(t, "inputs")
+            else:
+                tracker.mark(t, "inputs")
+        tracker.set_phase("forward")
+
+    def on_step_pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        tracker.set_phase("optimizer")
+
+    def on_step_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        for state in opt.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    tracker.mark(v, "optimizer_state")
+        tracker.set_phase("zero_grad")
+        stepped[0] = True
+        m.steps += 1
+
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    m._hooks = [
+        register_optimizer_step_pre_hook(on_step_pre),
+        register_optimizer_step_post_hook(on_step_post),
+    ]
+    if model is not None:
+        m._hooks.append(model.register_forward_pre_hook(on_forward, with_kwargs=True))
+    try:
+        with tracker:
+            tracker.set_phase("setup", 0)
+            if model is not None:
+                m._hooks += _register_model(tracker, model)
+            if optimizer is not None:
+                for state in optimizer.state.values():
+                    for v in state.values():
+                        if isinstance(v, torch.Tensor):
+                            tracker.register(v, "optimizer_state")
+            yield m
+    finally:
+        tracker.close()
+        for h in m._hooks:
+            h.remove()
+        m._hooks = []
+        m.profile = MemoryProfile.from_events(tracker.records, tracker.events)
+        if cuda:
+            torch.cuda.synchronize()
+            m.cuda_max_allocated = torch.cuda.max_memory_allocated()
+            m.cuda_max_reserved = torch.cuda.max_memory_reserved()
+            free, total = torch.cuda.mem_get_info()
+            m.cuda_device_used = total - free
+            m.profile.peak_reserved_bytes = m.cuda_max_reserved
+            m.profile.device_total_bytes = m.cuda_device_used
+
+
+def _register_model(tracker: Tracker, model: torch.nn.Module) -> list[Any]:
+    """Count the model's parameters, buffers and gradients; hook new gradients."""
+    handles = []
+    module_of = {
+        id(p): n.rsplit(".", 1)[0] if "." in n else ""
+        for n, p in model.named_parameters(remove_duplicate=False)
+    }
+    for _n, p in model.named_parameters():
+        mod = module_of[id(p)]
+        tracker.register(p, "parameters", mod, tracker.owner_of_path(mod))
+        if p.grad is not None:
+            tracker.register(p.grad, "gradients", mod, tracker.owner_of_path(mod))
+        if p.requires_grad:
+
+            def on_grad(q: torch.Tensor, _owner: int = tracker.owner_of_path(mod)) -> None:
+                if q.grad is not None:
+                    tracker.mark(q.grad, "gradients", owner=_owner)
+
+            handles.append(p.register_post_accumulate_grad_hook(on_grad))
+    for n, b in model.named_buffers():
+        mod = n.rsplit(".", 1)[0] if "." in n else ""
+        tracker.register(b, "buffers", mod, tracker.owner_of_path(mod))
+    return handles
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    from torch.utils import _pytree as pytree
+
+    return [t for t in pytree.tree_leaves(obj) if isinstance(t, torch.Tensor)]
+
+
+def _device_of(model: torch.nn.Module | None) -> str:
+    if model is not None:
+        for p in model.parameters():
+            if p.device.type == "cuda":
+                return str(p.device)
+    return "cpu"

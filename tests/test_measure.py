@@ -1,0 +1,80 @@
+"""`memfit.measure` on CPU: the tracker over real tensors gives the same profile as the fake
+trace of the same workload, category by category."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import memfit
+from memfit.apply import apply_
+from memfit.measurement import measure
+from tests.test_apply_memory import BASE, SEQ, VOCAB, gpt2
+
+
+def run_measured(w: memfit.Workload):
+    model = gpt2()
+    setup = apply_(model, w)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, VOCAB, (w.batch_size * w.grad_accum, SEQ), generator=g)
+    with measure(model, setup.optimizer) as m:
+        for _ in range(2):
+            setup.step({"input_ids": ids, "labels": ids.clone()})
+    return m, model
+
+
+def test_measured_equals_estimate_by_category():
+    m, model = run_measured(BASE)
+    est = memfit.estimate(gpt2(), BASE).profile
+    got, want = m.profile.breakdown, est.breakdown
+    assert m.steps == 2
+    for cat in ("parameters", "buffers", "gradients", "inputs"):
+        assert got[cat] == want[cat], cat
+    # On CUDA, foreach AdamW keeps its step counters in host memory (the estimate leaves them
+    # out); on CPU they are tensors like the rest: one 512-byte block per parameter tensor.
+    n_tensors = len(list(model.parameters()))
+    assert got["optimizer_state"] - want["optimizer_state"] == 512 * n_tensors
+    # The estimate adds the cuBLAS workspace CUDA allocates at the first matmul.
+    assert got["workspaces"] == 0 and want["workspaces"] > 0
+    # Forward allocations: the same bytes; one 512-byte block may be filed differently
+    # between activations (outlive the forward) and temporaries.
+    act_t = got["activations"] + got["temporaries"]
+    assert act_t == want["activations"] + want["temporaries"]
+    assert abs(got["activations"] - want["activations"]) <= 512
+    assert m.profile.peak_phase == est.peak_phase == "backward"
+    assert m.profile.peak_op == est.peak_op
+
+
+def test_phases_and_steps_are_found():
+    m, _ = run_measured(BASE.with_(grad_accum=2, batch_size=2))
+    phases = {p for p in m.profile.timeline_phases}
+    for step in (0, 1):
+        for phase in ("forward", "backward", "optimizer"):
+            assert (step, phase) in phases
+    assert m.device == "cpu" and m.cuda_max_allocated is None
+
+
+def test_hooks_are_removed_after_the_block():
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with measure(model, opt) as m:
+        model(torch.randn(2, 8)).sum().backward()
+        opt.step()
+    assert not model._forward_pre_hooks
+    assert model.weight._post_accumulate_grad_hooks in (None, {})
+    # Parameters: 4x8 and 4 floats, one block each; the gradient blocks likewise.
+    assert m.profile.breakdown["parameters"] == 2 * 512
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tracker_equals_allocator_statistics():
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU()).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    with measure(model, opt) as m:
+        for _ in range(2):
+            model(torch.randn(64, 1024, device="cuda")).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    assert m.cuda_max_allocated is not None
+    # cuBLAS's workspace is allocated through the caching allocator but not by an aten op.
+    assert abs(m.profile.peak_allocated_bytes - m.cuda_max_allocated) <= 64 * 2**20
