@@ -272,3 +272,29 @@ def test_bad_configs():
         apply_(tiny_gpt2(), memfit.Workload(offload_optimizer=True))
     with pytest.raises(memfit.BadInputError, match="grad_accum is 4"):
         apply_(tiny_gpt2(), [AccumulationConfig(steps=4)]).step(batch(2))
+
+
+def test_fsdp2_per_block_on_a_single_process_group():
+    """FSDP2 on gloo with one rank: every block and the root are sharded once, and the steps
+    give the losses of the unsharded model (one rank: nothing is averaged away)."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        ref = apply_(tiny_gpt2(), [AccumulationConfig(steps=2), OptimizerConfig()])
+        model = tiny_gpt2()
+        setup = apply_(model, [FSDPConfig(), AccumulationConfig(steps=2), OptimizerConfig()])
+        apply_(model, [FSDPConfig()])  # a second call shards nothing again
+        assert isinstance(model, FSDPModule)
+        assert all(isinstance(b, FSDPModule) for b in model.transformer.h)
+        for _ in range(2):
+            b = batch()
+            assert setup.step(b) == pytest.approx(ref.step(b), rel=1e-6)
+    finally:
+        dist.destroy_process_group()

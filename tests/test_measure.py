@@ -78,3 +78,28 @@ def test_cuda_tracker_equals_allocator_statistics():
     assert m.cuda_max_allocated is not None
     # cuBLAS's workspace is allocated through the caching allocator but not by an aten op.
     assert abs(m.profile.peak_allocated_bytes - m.cuda_max_allocated) <= 64 * 2**20
+
+
+def test_without_a_model_the_outermost_module_is_found():
+    """A script's loop measured with no model named gives the same profile as naming it."""
+
+    def loop(model, opt):
+        g = torch.Generator().manual_seed(0)
+        for _ in range(2):
+            ids = torch.randint(0, VOCAB, (2, SEQ), generator=g)
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    profiles = []
+    for named in (True, False):
+        model = gpt2()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with measure(model if named else None, opt if named else None) as m:
+            loop(model, opt)
+        profiles.append(m.profile)
+    a, b = profiles
+    assert a.peak_allocated_bytes == b.peak_allocated_bytes
+    assert a.breakdown == b.breakdown
+    assert a.peak_module == b.peak_module
+    assert {k: v for k, v in a.by_module.items()} == b.by_module

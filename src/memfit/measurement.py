@@ -83,6 +83,8 @@ def measure(
     root = model if model is not None else torch.nn.Module()
     blocks = find_repeated_blocks(root) if model is not None else []
     tracker = _LiveTracker(root, blocks)
+    known: set[int] = {id(model)} if model is not None else set()
+    depth = [0]
     m = Measurement(device=_device_of(model))
     cuda = m.device.startswith("cuda")
     if cuda:
@@ -126,6 +128,37 @@ def measure(
     ]
     if model is not None:
         m._hooks.append(model.register_forward_pre_hook(on_forward, with_kwargs=True))
+    else:
+        # No model named (a script): the outermost module called is the model. Its
+        # parameters are counted from its first call, its modules named by their paths in it.
+        from torch.nn.modules.module import (
+            register_module_forward_hook,
+            register_module_forward_pre_hook,
+        )
+
+        def outer_pre(mod: torch.nn.Module, args: tuple[Any, ...]) -> None:
+            depth[0] += 1
+            if depth[0] != 1:
+                return
+            if id(mod) not in known:
+                # Later calls go through a hook that also sees keyword arguments (the global
+                # hook does not). For this first call, what was made since the last step and
+                # is still alive is taken as its inputs (data loading).
+                for sid in tracker._live.values():
+                    rec = tracker.records[sid]
+                    if rec.category == "temporaries" and rec.phase in ("setup", "zero_grad"):
+                        rec.category = "inputs"
+                known.add(id(mod))
+                tracker.add_model(mod, find_repeated_blocks(mod))
+                m._hooks.extend(_register_model(tracker, mod))
+                m._hooks.append(mod.register_forward_pre_hook(on_forward, with_kwargs=True))
+                on_forward(mod, args, {})
+
+        def outer_post(mod: torch.nn.Module, args: Any, out: Any) -> None:
+            depth[0] -= 1
+
+        m._hooks.append(register_module_forward_pre_hook(outer_pre))
+        m._hooks.append(register_module_forward_hook(outer_post, always_call=True))
     try:
         with tracker:
             tracker.set_phase("setup", 0)
@@ -162,6 +195,8 @@ def _register_model(tracker: Tracker, model: torch.nn.Module) -> list[Any]:
     }
     for _n, p in model.named_parameters():
         mod = module_of[id(p)]
+        if tracker.sid_of(p) is not None:
+            continue  # seen through another model (shared)
         tracker.register(p, "parameters", mod, tracker.owner_of_path(mod))
         if p.grad is not None:
             tracker.register(p.grad, "gradients", mod, tracker.owner_of_path(mod))
@@ -174,7 +209,8 @@ def _register_model(tracker: Tracker, model: torch.nn.Module) -> list[Any]:
             handles.append(p.register_post_accumulate_grad_hook(on_grad))
     for n, b in model.named_buffers():
         mod = n.rsplit(".", 1)[0] if "." in n else ""
-        tracker.register(b, "buffers", mod, tracker.owner_of_path(mod))
+        if tracker.sid_of(b) is None:
+            tracker.register(b, "buffers", mod, tracker.owner_of_path(mod))
     return handles
 
 

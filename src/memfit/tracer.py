@@ -129,19 +129,10 @@ class Tracker(TorchDispatchMode):
         self._region_counter = 0
         self._closed = False
         self._hooks: list[Any] = []
-        paths = list(block_paths)
         self._names: dict[int, str] = {}
         self._owner: dict[int, int] = {}
         self._owner_by_name: dict[str, int] = {}
-        for name, mod in model.named_modules():
-            self._names[id(mod)] = name
-            owner = -1
-            for i, p in enumerate(paths):
-                if name == p or name.startswith(p + "."):
-                    owner = i
-                    break
-            self._owner[id(mod)] = owner
-            self._owner_by_name[name] = owner
+        self.add_model(model, block_paths)
         self.attention_backends: list[str] = []
         #: Owner of the parameter the optimizer works on (set by OwnerTrackingState), used for
         #: allocations with no tensor input, such as Adam's `state["step"]`.
@@ -155,6 +146,19 @@ class Tracker(TorchDispatchMode):
         #: FLOPs by (step, phase, owner), counted with PyTorch's own formulas
         #: (torch.utils.flop_counter). Recomputation in backward is phase "recompute".
         self.flops: dict[tuple[int, str, int], int] = {}
+
+    def add_model(self, model: torch.nn.Module, block_paths: Iterable[str] = ()) -> None:
+        """Name `model`'s modules by their paths in it (and their repeated-block owners)."""
+        paths = list(block_paths)
+        for name, mod in model.named_modules():
+            self._names[id(mod)] = name
+            owner = -1
+            for i, p in enumerate(paths):
+                if name == p or name.startswith(p + "."):
+                    owner = i
+                    break
+            self._owner[id(mod)] = owner
+            self._owner_by_name[name] = owner
 
     def owner_of_path(self, path: str) -> int:
         """Index of the repeated block that module `path` belongs to, or -1."""
