@@ -46,9 +46,13 @@ def test_inputs_are_categorised_and_released():
 
 def test_verbs_are_functions_not_submodules():
     # A submodule named like a verb would shadow it once imported (memfit.measure -> module).
-    import memfit
-    import memfit.apply  # noqa: F401
-    import memfit.measurement  # noqa: F401
+    import importlib
+    import pkgutil
 
-    for name in ("apply_", "measure", "estimate", "plan"):
-        assert callable(getattr(memfit, name)), name
+    import memfit
+
+    for info in pkgutil.iter_modules(memfit.__path__):
+        importlib.import_module(f"memfit.{info.name}")
+
+    for name in memfit.__all__:
+        assert not isinstance(getattr(memfit, name), type(memfit)), name

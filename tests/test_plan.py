@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 import memfit
 from memfit.cli import app
-from memfit.plan import Goal, max_batch, plan
+from memfit.planner import Goal, max_batch, plan
 
 # (model, gpu, global batch, seq): small models, three GPUs, each plan fits.
 CASES = [

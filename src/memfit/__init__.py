@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from memfit.apply import apply_
     from memfit.estimator import Estimate, estimate
     from memfit.measurement import Measurement, measure
-    from memfit.plan import Goal, Plan, max_batch, max_seq, plan
+    from memfit.planner import Goal, Plan, max_batch, max_seq, plan
     from memfit.profile import MemoryProfile
     from memfit.train_setup import TrainSetup
     from memfit.weights_io import load_weights
@@ -50,11 +50,11 @@ _LAZY = {
     "estimate": ("memfit.estimator", "estimate"),
     "Estimate": ("memfit.estimator", "Estimate"),
     "MemoryProfile": ("memfit.profile", "MemoryProfile"),
-    "plan": ("memfit.plan", "plan"),
-    "Plan": ("memfit.plan", "Plan"),
-    "Goal": ("memfit.plan", "Goal"),
-    "max_batch": ("memfit.plan", "max_batch"),
-    "max_seq": ("memfit.plan", "max_seq"),
+    "plan": ("memfit.planner", "plan"),
+    "Plan": ("memfit.planner", "Plan"),
+    "Goal": ("memfit.planner", "Goal"),
+    "max_batch": ("memfit.planner", "max_batch"),
+    "max_seq": ("memfit.planner", "max_seq"),
     "apply_": ("memfit.apply", "apply_"),
     "TrainSetup": ("memfit.train_setup", "TrainSetup"),
     "load_weights": ("memfit.weights_io", "load_weights"),

@@ -75,6 +75,7 @@ def apply_(
     *,
     device: str | torch.device | None = None,
     lr: float = 1e-3,
+    loss_fn: Any = None,
 ) -> TrainSetup:
     """Apply a plan's techniques to `model` in place and return the training setup.
 
@@ -85,6 +86,8 @@ def apply_(
         device: where the model runs; None keeps it where it is. With an embedding on the
             CPU, everything else goes to `device`.
         lr: learning rate of the optimizer built from a plan or workload.
+        loss_fn: `loss_fn(output, micro_batch) -> loss` for models whose output is not a loss
+            (HF models given labels return one).
     """
     configs = _configs(plan_or_configs, lr)
     seen: dict[type, TechniqueConfig] = {}
@@ -116,6 +119,7 @@ def apply_(
         grad_accum=build.grad_accum,
         device=target,
         techniques=tuple(build.applied),
+        loss_fn=loss_fn,
     )
 
 

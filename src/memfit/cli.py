@@ -159,8 +159,8 @@ def plan(
 ) -> None:
     """The fastest configuration that fits GPU, keeping the global batch and sequence length."""
     try:
-        from memfit.plan import Goal
-        from memfit.plan import plan as run_plan
+        from memfit.planner import Goal
+        from memfit.planner import plan as run_plan
 
         goal = Goal(
             global_batch=global_batch, seq_len=seq, image_size=image_size,
@@ -184,7 +184,7 @@ def plan(
 def _limit_command(what: str, model: str, gpu: str, w_kwargs: dict, task: str | None,
                    as_json: bool) -> None:  # fmt: skip
     try:
-        from memfit.plan import max_batch, max_seq
+        from memfit.planner import max_batch, max_seq
         from memfit.workload import Workload
 
         w = Workload(**w_kwargs)

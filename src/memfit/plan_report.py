@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memfit.plan import Candidate, Limit, Plan
+from memfit.planner import Candidate, Limit, Plan
 from memfit.report import format_bytes
 
 

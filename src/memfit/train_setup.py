@@ -51,6 +51,7 @@ class TrainSetup:
         grad_accum: micro-batches per optimizer step.
         device: where the model runs (an embedding kept on the CPU aside).
         techniques: what apply_ did, as short labels.
+        loss_fn: `loss_fn(output, micro_batch) -> loss` used by `step` when it is given none.
     """
 
     model: torch.nn.Module
@@ -60,6 +61,7 @@ class TrainSetup:
     grad_accum: int
     device: torch.device
     techniques: tuple[str, ...] = ()
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
 
     # -- pieces -----------------------------------------------------------------------------
 
@@ -149,10 +151,12 @@ class TrainSetup:
         Args:
             batch: a tensor, or a dict / tuple of tensors (a dict is passed as keyword
                 arguments, `(inputs, targets)` passes inputs), split into micro-batches.
-            loss_fn: `loss_fn(output, micro_batch) -> loss`; by default the output's `.loss`
-                (HF models given labels) or the output itself when it is a scalar.
+            loss_fn: `loss_fn(output, micro_batch) -> loss`; by default `self.loss_fn`, else
+                the output's `.loss` (HF models given labels) or the output itself when it is
+                a scalar.
         """
         micro = self.split(batch)
+        loss_fn = loss_fn or self.loss_fn
         total = 0.0
         for i, mb in enumerate(micro):
             with self.accumulate(last=i == len(micro) - 1):
