@@ -37,9 +37,7 @@ class _LiveTracker(Tracker):
     """A Tracker whose phase follows the running code instead of a driver."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if (
-            self.phase != "backward" and torch._C._current_autograd_node() is not None
-        ):
+        if self.phase != "backward" and torch._C._current_autograd_node() is not None:
             self.set_phase("backward")
         return super().__torch_dispatch__(func, types, args, kwargs)
 
@@ -62,30 +60,47 @@ class Measurement:
     cuda_max_reserved: int | None = None
     cuda_device_used: int | None = None
     steps: int = 0
+    _model: torch.nn.Module | None = field(default=None, repr=False)
+    _optimizer: torch.optim.Optimizer | None = field(default=None, repr=False)
     _hooks: list[Any] = field(default_factory=list, repr=False)
+    _cm: Any = field(default=None, repr=False)
+
+    def __enter__(self) -> Measurement:
+        if self._cm is not None:
+            raise RuntimeError("A Measurement measures one block; call memfit.measure() again.")
+        self._cm = _measuring(self)
+        return self._cm.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._cm.__exit__(*exc)
 
 
-@contextlib.contextmanager
 def measure(
     model: torch.nn.Module | None = None,
     optimizer: torch.optim.Optimizer | None = None,
-) -> Iterator[Measurement]:
-    """Measure the steps run inside the block; see the module docstring.
+) -> Measurement:
+    """Measure the steps run inside a `with` block; see the module docstring.
 
     Args:
         model: the model trained (its parameters are counted from the start, its forward
-            marks the steps). Without it, everything is counted by when it is made.
+            marks the steps). Without it, the outermost module called is taken as the model.
         optimizer: its existing state is counted from the start; any optimizer's step marks
             the optimizer phase.
     """
+    return Measurement(device=_device_of(model), _model=model, _optimizer=optimizer)
+
+
+@contextlib.contextmanager
+def _measuring(m: Measurement) -> Iterator[Measurement]:
     from memfit.trace import find_repeated_blocks
+
+    model, optimizer = m._model, m._optimizer
 
     root = model if model is not None else torch.nn.Module()
     blocks = find_repeated_blocks(root) if model is not None else []
     tracker = _LiveTracker(root, blocks)
     known: set[int] = {id(model)} if model is not None else set()
     depth = [0]
-    m = Measurement(device=_device_of(model))
     cuda = m.device.startswith("cuda")
     if cuda:
         torch.cuda.synchronize()
@@ -144,13 +159,13 @@ def measure(
                 # Later calls go through a hook that also sees keyword arguments (the global
                 # hook does not). For this first call, what was made since the last step and
                 # is still alive is taken as its inputs (data loading).
+                known.add(id(mod))
+                tracker.add_model(mod, find_repeated_blocks(mod))
+                m._hooks.extend(_register_model(tracker, mod))
                 for sid in tracker._live.values():
                     rec = tracker.records[sid]
                     if rec.category == "temporaries" and rec.phase in ("setup", "zero_grad"):
                         rec.category = "inputs"
-                known.add(id(mod))
-                tracker.add_model(mod, find_repeated_blocks(mod))
-                m._hooks.extend(_register_model(tracker, mod))
                 m._hooks.append(mod.register_forward_pre_hook(on_forward, with_kwargs=True))
                 on_forward(mod, args, {})
 
@@ -195,11 +210,15 @@ def _register_model(tracker: Tracker, model: torch.nn.Module) -> list[Any]:
     }
     for _n, p in model.named_parameters():
         mod = module_of[id(p)]
-        if tracker.sid_of(p) is not None:
-            continue  # seen through another model (shared)
-        tracker.register(p, "parameters", mod, tracker.owner_of_path(mod))
-        if p.grad is not None:
-            tracker.register(p.grad, "gradients", mod, tracker.owner_of_path(mod))
+        owner = tracker.owner_of_path(mod)
+        # Made while measuring (a script builds its model inside the block): re-filed.
+        for t, cat in ((p, "parameters"), (p.grad, "gradients")):
+            if t is None:
+                continue
+            if tracker.sid_of(t) is None:
+                tracker.register(t, cat, mod, owner)
+            else:
+                tracker.mark(t, cat)
         if p.requires_grad:
 
             def on_grad(q: torch.Tensor, _owner: int = tracker.owner_of_path(mod)) -> None:
@@ -211,6 +230,8 @@ def _register_model(tracker: Tracker, model: torch.nn.Module) -> list[Any]:
         mod = n.rsplit(".", 1)[0] if "." in n else ""
         if tracker.sid_of(b) is None:
             tracker.register(b, "buffers", mod, tracker.owner_of_path(mod))
+        else:
+            tracker.mark(b, "buffers")
     return handles
 
 
