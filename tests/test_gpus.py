@@ -218,3 +218,40 @@ def test_list_gpus_returns_a_copy() -> None:
     gpus = list_gpus()
     gpus.clear()
     assert list_gpus()
+
+
+def test_budget_limits_a_card():
+    from memfit.gpus import get_gpu
+
+    g = get_gpu("rtx-4090@12GiB")
+    assert g.total_memory_bytes == 12 * 2**30
+    assert g.compute_capability == get_gpu("rtx-4090").compute_capability
+    assert get_gpu("16GB").total_memory_bytes == 16 * 10**9  # decimal GB, A100 kernels
+    assert get_gpu(g.name) == g  # the name round-trips (the planner passes names around)
+
+
+def test_budget_smaller_than_the_cuda_context_is_named_as_such():
+    import pytest
+
+    from memfit.device_overhead import device_overhead
+    from memfit.errors import BadInputError
+    from memfit.gpus import get_gpu
+
+    outside = device_overhead(get_gpu("t4")).outside_allocator_bytes()
+    with pytest.raises(BadInputError, match=r"smaller than the memory CUDA itself takes") as e:
+        get_gpu(f"t4@{outside}")  # exactly the context: nothing left for tensors
+    assert f"{outside / 2**30:.2f} GiB" in str(e.value)
+    assert get_gpu(f"t4@{outside + 1}").total_memory_bytes == outside + 1
+    with pytest.raises(BadInputError, match="more than Tesla T4 has"):
+        get_gpu("t4@40GiB")
+    with pytest.raises(BadInputError, match="Cannot read the size '12 parsecs'"):
+        get_gpu("t4@12 parsecs")
+
+
+def test_budget_in_the_cli_exit_codes():
+    from typer.testing import CliRunner
+
+    from memfit.cli import app
+
+    res = CliRunner().invoke(app, ["estimate", "gpt2", "--seq", "64", "--gpu", "t4@100MiB"])
+    assert res.exit_code == 2 and "smaller than the memory CUDA itself takes" in res.output

@@ -30,6 +30,7 @@ ones, which is what PyTorch autocast uses.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from memfit.errors import BadInputError, closest
@@ -616,13 +617,67 @@ def list_gpus() -> list[GPU]:
     return list(_CATALOG)
 
 
+#: The GPU whose kernels, context and workspaces are assumed for a bare budget ("12GiB").
+_BUDGET_ONLY_GPU = "a100-80gb"
+
+
+def _looks_like_size(name: str) -> bool:
+    return (
+        bool(re.match(r"^\s*\d+(\.\d+)?\s*[kmgt]i?b\s*$", name, re.IGNORECASE))
+        or name.strip().isdigit()
+    )
+
+
+def with_budget(gpu: GPU, size: str) -> GPU:
+    """`gpu` limited to a memory budget (a MIG slice, a shared card, a safety cap).
+
+    The budget replaces the capacity PyTorch would see; it must be larger than what CUDA keeps
+    outside PyTorch's allocator (context, kernels), and not larger than the card.
+    """
+    from dataclasses import replace
+
+    from memfit.device_overhead import device_overhead
+    from memfit.units import parse_bytes
+
+    budget = parse_bytes(size)
+    outside = device_overhead(gpu).outside_allocator_bytes()
+    gib = 1 << 30
+    if budget <= outside:
+        raise BadInputError(
+            f"The budget {size.strip()!r} ({budget / gib:.2f} GiB) is smaller than the memory "
+            f"CUDA itself takes on {gpu.display_name} outside PyTorch's allocator (CUDA context "
+            f"and kernels, {outside / gib:.2f} GiB): nothing would be left for tensors. "
+            f"Give a budget above {outside / gib:.2f} GiB."
+        )
+    if budget > gpu.total_memory_bytes:
+        raise BadInputError(
+            f"The budget {size.strip()!r} ({budget / gib:.2f} GiB) is more than "
+            f"{gpu.display_name} has ({gpu.total_memory_gib:.2f} GiB). Give a smaller budget "
+            "or another GPU."
+        )
+    return replace(
+        gpu,
+        name=f"{gpu.name}@{size.strip()}",
+        display_name=f"{gpu.display_name} limited to {budget / gib:.2f} GiB",
+        total_memory_bytes=budget,
+    )
+
+
 def get_gpu(name: str) -> GPU:
     """Look a GPU up by canonical name, alias or torch display name (case-insensitive).
+
+    ``"rtx-4090@12GiB"`` is the card limited to a budget; a bare ``"12GiB"`` assumes an A100's
+    kernels and context (see `with_budget`).
 
     ``"4090"``, ``"RTX4090"``, ``"NVIDIA GeForce RTX 4090"`` and ``"rtx-4090"`` all work.
     ``"a100"`` is the 80 GB SXM4 card, ``"h100"`` the SXM5 card and ``"v100"`` the 16 GB SXM2.
     An unknown name raises BadInputError quoting it and naming the closest known names.
     """
+    if isinstance(name, str) and "@" in name:
+        base, _, size = name.partition("@")
+        return with_budget(get_gpu(base) if base.strip() else get_gpu(_BUDGET_ONLY_GPU), size)
+    if isinstance(name, str) and name.strip()[:1].isdigit() and _looks_like_size(name):
+        return with_budget(get_gpu(_BUDGET_ONLY_GPU), name)
     if not isinstance(name, str) or not name.strip():
         raise BadInputError(
             f"GPU name {name!r} is empty; use one of: {', '.join(g.name for g in _CATALOG)}."
