@@ -622,10 +622,8 @@ _BUDGET_ONLY_GPU = "a100-80gb"
 
 
 def _looks_like_size(name: str) -> bool:
-    return (
-        bool(re.match(r"^\s*\d+(\.\d+)?\s*[kmgt]i?b\s*$", name, re.IGNORECASE))
-        or name.strip().isdigit()
-    )
+    # A unit is required: "4090" is a card, "4090MiB" a budget.
+    return bool(re.match(r"^\s*\d+(\.\d+)?\s*[kmgt]i?b\s*$", name, re.IGNORECASE))
 
 
 def with_budget(gpu: GPU, size: str) -> GPU:
