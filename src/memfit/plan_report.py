@@ -15,7 +15,7 @@ def _describe(c: Candidate) -> str:
 
 
 def apply_code(c: Candidate, model: str, gpu: str) -> str:
-    """The Python that estimates (and, with memfit.apply_, will apply) this configuration."""
+    """The Python that applies this configuration to the user's model (memfit.apply_)."""
     w = c.workload
     fields = [f"batch_size={w.batch_size}", f"grad_accum={w.grad_accum}"]
     if w.seq_len:
@@ -30,10 +30,16 @@ def apply_code(c: Candidate, model: str, gpu: str) -> str:
     for flag in ("offload_optimizer", "embedding_on_cpu", "tie_embeddings"):
         if getattr(w, flag):
             fields.append(f"{flag}=True")
-    return (
-        "import memfit\n"
-        f"workload = memfit.Workload({', '.join(fields)})\n"
-        f"memfit.estimate({model!r}, workload, gpu={gpu!r})"
+    head = f"import memfit\nworkload = memfit.Workload({', '.join(fields)})\n"
+    if w.offload_optimizer:
+        return (
+            head + f"memfit.estimate({model!r}, workload, gpu={gpu!r})\n"
+            "# memfit.apply_ cannot offload optimizer state yet: use DeepSpeed ZeRO-Offload"
+        )
+    return head + (
+        "setup = memfit.apply_(model, workload)  # model: your nn.Module, changed in place\n"
+        "for batch in loader:\n"
+        "    loss = setup.step(batch)  # micro-batches, autocast, optimizer step; a float"
     )
 
 
@@ -118,6 +124,12 @@ def render_plan(plan: Plan) -> str:
             "(estimates: the ranking is the point)",
             f"  at the peak ({p.peak_phase}): {_top_categories(b)}",
         ]
+        if plan.other_optimizer is not None:
+            o = plan.other_optimizer
+            lines.append(
+                f"  kept {b.workload.optimizer}: {o.workload.optimizer} would predict "
+                f"{o.cost.seconds:.2f} s/step ({_describe(o)}), but it changes the training"
+            )
         if plan.baseline is not None and not plan.baseline.fits:
             base = plan.baseline
             lines.append(

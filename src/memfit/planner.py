@@ -120,6 +120,8 @@ class Plan:
     baseline: Candidate | None
     closest_miss: Candidate | None
     suggestions: list[str] = field(default_factory=list)
+    #: A faster fitting configuration that changes the optimizer (not recommended for that).
+    other_optimizer: Candidate | None = None
     evaluated: int = 0
     traces: int = 0
     seconds: float = 0.0
@@ -377,7 +379,7 @@ def plan(
         if best_i < 0 and micro[0] == 1:
             failed.append(shape)
     fitting = [c for c in search.candidates if c.fits]
-    best = min(fitting, key=lambda c: c.cost.seconds) if fitting else None
+    best = min(fitting, key=lambda c: _preference(c, goal)) if fitting else None
     if best is not None and best.workload.checkpointing == "blocks" and spec.num_layers:
         best = _fewest_checkpointed(spec, best, gpu_obj, spec.num_layers)
         fitting.append(best)
@@ -394,7 +396,14 @@ def plan(
         gpu=gpu_obj,
         goal=goal,
         best=best,
-        pareto=pareto(fitting),
+        pareto=pareto(
+            [
+                c
+                for c in fitting
+                if best is None or _preference(c, goal)[0] == _preference(best, goal)[0]
+            ]
+        ),  # fmt: skip
+        other_optimizer=_faster_other_optimizer(fitting, best, goal),
         baseline=baseline,
         closest_miss=closest_miss,
         suggestions=suggestions,
@@ -402,6 +411,35 @@ def plan(
         traces=len(search.traces),
         seconds=time.perf_counter() - t0,
     )
+
+
+#: The optimizer users start from when the goal names none.
+DEFAULT_OPTIMIZER = "adamw"
+
+
+def _preference(c: Candidate, goal: Goal) -> tuple[bool, float]:
+    """Another optimizer than the usual one (AdamW) changes the training, not only its memory
+    and speed, and the roofline's update times do not capture real optimizer kernels well: it
+    is recommended only when nothing with the usual optimizer fits. Then the fastest wins."""
+    usual = _algorithm(goal.optimizer or DEFAULT_OPTIMIZER)
+    return (_algorithm(c.workload.optimizer) != usual, c.cost.seconds)
+
+
+def _faster_other_optimizer(
+    fitting: list[Candidate], best: Candidate | None, goal: Goal
+) -> Candidate | None:
+    """The fastest fitting candidate with another optimizer, when it beats the recommendation
+    (shown beside it: the user may accept the change of training)."""
+    if best is None or _preference(best, goal)[0]:
+        return None
+    others = [c for c in fitting if _preference(c, goal)[0]]
+    fastest = min(others, key=lambda c: c.cost.seconds, default=None)
+    return fastest if fastest is not None and fastest.cost.seconds < best.cost.seconds else None
+
+
+def _algorithm(optimizer: str) -> str:
+    """The update rule: fused AdamW is AdamW with other kernels."""
+    return "adamw" if optimizer == "adamw-fused" else optimizer
 
 
 #: Refine "checkpoint every block" only when fewer blocks would save at least this fraction
