@@ -386,6 +386,9 @@ def plan(
     if best is not None:
         best = _confirm(spec, best, gpu_obj, task)
     baseline = _baseline(search, goal)
+    same_optimizer = [
+        c for c in fitting if best is None or _preference(c, goal)[0] == _preference(best, goal)[0]
+    ]
     closest_miss = None
     suggestions: list[str] = []
     if best is None:
@@ -396,13 +399,7 @@ def plan(
         gpu=gpu_obj,
         goal=goal,
         best=best,
-        pareto=pareto(
-            [
-                c
-                for c in fitting
-                if best is None or _preference(c, goal)[0] == _preference(best, goal)[0]
-            ]
-        ),  # fmt: skip
+        pareto=pareto(same_optimizer),
         other_optimizer=_faster_other_optimizer(fitting, best, goal),
         baseline=baseline,
         closest_miss=closest_miss,
