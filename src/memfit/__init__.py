@@ -18,8 +18,12 @@ from memfit.workload import LoraConfig, Workload
 
 if TYPE_CHECKING:
     from memfit.apply import apply_
+    from memfit.batch_search import BatchSearch, find_batch_size
     from memfit.estimator import Estimate, estimate
+    from memfit.gpu_simulation import SimulatedGPU, simulate
+    from memfit.guard import oom_guard
     from memfit.measurement import Measurement, measure
+    from memfit.oom import OomReport, explain_oom
     from memfit.planner import Goal, Plan, max_batch, max_seq, plan
     from memfit.profile import MemoryProfile
     from memfit.train_setup import TrainSetup
@@ -27,23 +31,30 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BadInputError",
+    "BatchSearch",
     "Estimate",
     "Goal",
     "LoraConfig",
     "Measurement",
     "MemfitError",
     "MemoryProfile",
+    "OomReport",
     "Plan",
+    "SimulatedGPU",
     "TraceError",
     "TrainSetup",
     "Workload",
     "apply_",
     "estimate",
+    "explain_oom",
+    "find_batch_size",
     "load_weights",
     "max_batch",
     "max_seq",
     "measure",
+    "oom_guard",
     "plan",
+    "simulate",
 ]
 
 _LAZY = {
@@ -60,6 +71,13 @@ _LAZY = {
     "load_weights": ("memfit.weights_io", "load_weights"),
     "measure": ("memfit.measurement", "measure"),
     "Measurement": ("memfit.measurement", "Measurement"),
+    "simulate": ("memfit.gpu_simulation", "simulate"),
+    "SimulatedGPU": ("memfit.gpu_simulation", "SimulatedGPU"),
+    "oom_guard": ("memfit.guard", "oom_guard"),
+    "find_batch_size": ("memfit.batch_search", "find_batch_size"),
+    "BatchSearch": ("memfit.batch_search", "BatchSearch"),
+    "explain_oom": ("memfit.oom", "explain_oom"),
+    "OomReport": ("memfit.oom", "OomReport"),
 }
 
 

@@ -66,12 +66,12 @@ _FLOP_FORMULAS = flop_registry
 
 #: Ops that materialise `torch.tensor(...)` constants. Without a device argument these are
 #: created on the CPU on a CUDA machine too.
-_SCALAR_CONSTANT_OPS = frozenset({"lift_fresh.default", "lift_fresh_copy.default"})
+SCALAR_CONSTANT_OPS = frozenset({"lift_fresh.default", "lift_fresh_copy.default"})
 
 #: CUDACachingAllocator.cpp, kMinBlockSize: every block is a multiple of 512 bytes.
 CUDA_BLOCK_ROUNDING = 512
 
-_META_KEY = "memfit"
+META_KEY = "memfit"
 
 
 def cuda_block_size(nbytes: int) -> int:
@@ -173,7 +173,7 @@ class Tracker(TorchDispatchMode):
         if self.phase == "backward":
             node = torch._C._current_autograd_node()
             if node is not None:
-                tag = node.metadata.get(_META_KEY)  # type: ignore[attr-defined]
+                tag = node.metadata.get(META_KEY)  # type: ignore[attr-defined]
                 if tag is not None:
                     return tag
         return ("", -1)
@@ -320,7 +320,7 @@ class Tracker(TorchDispatchMode):
         host = (
             self.optimizer_host_scalars
             and self.phase == "optimizer"
-            and op in _SCALAR_CONSTANT_OPS
+            and op in SCALAR_CONSTANT_OPS
             and t.dim() == 0
         )
         if host:
@@ -353,7 +353,7 @@ class Tracker(TorchDispatchMode):
         if self._closed:
             return
         enclosing = self.context() if self._stack else ("", -1)
-        _tag_graph(args, enclosing)
+        tag_graph(args, enclosing)
         mid = id(module)
         name = self._names.get(mid, type(module).__name__)
         owner = self._owner.get(mid, -1)
@@ -365,7 +365,7 @@ class Tracker(TorchDispatchMode):
         if self._closed or not self._stack:
             return
         ctx = self._stack.pop()
-        _tag_graph(output, ctx)
+        tag_graph(output, ctx)
 
     def on_region_end(self) -> None:
         """Called when a recomputation in backward ends (the driver clears the autocast cache)."""
@@ -465,7 +465,7 @@ class OwnerTrackingState(dict):
         return super().__getitem__(key)
 
 
-def _tag_graph(roots: Any, ctx: tuple[str, int]) -> None:
+def tag_graph(roots: Any, ctx: tuple[str, int]) -> None:
     stack = [
         t.grad_fn
         for t in pytree.tree_leaves(roots)
@@ -474,9 +474,9 @@ def _tag_graph(roots: Any, ctx: tuple[str, int]) -> None:
     while stack:
         node = stack.pop()
         md: dict = node.metadata  # type: ignore[assignment]
-        if _META_KEY in md:
+        if META_KEY in md:
             continue
-        md[_META_KEY] = ctx
+        md[META_KEY] = ctx
         for nxt, _ in node.next_functions:
             if nxt is not None:
                 stack.append(nxt)

@@ -1,0 +1,435 @@
+"""`simulate`: run real CPU code as if its tensors lived in a GPU's memory.
+
+Every storage allocated while the context is active is malloc'ed in memfit's simulated CUDA
+caching allocator (`memfit.allocator`) and freed there when PyTorch releases it (a weakref
+finalizer, as in `memfit.tracer`). A malloc that does not fit raises `torch.OutOfMemoryError`
+at that op with PyTorch's message, so OOM handling (`memfit.guard`) runs on a laptop.
+
+Example:
+    >>> with simulate("rtx-4090", model=model, optimizer=opt) as gpu:
+    ...     train_step(batch)
+    >>> gpu.peak_allocated_bytes, gpu.peak_reserved_bytes
+
+Allocator capacity: with `gpu` alone, the GPU's memory minus what lives outside the allocator
+(CUDA context, kernels: `memfit.device_overhead`, as `memfit.estimate` does); `budget_bytes`
+alone, exactly that; both, `budget_bytes` is the process's share of that GPU as nvidia-smi
+counts it, the context coming off it first; neither, unlimited (peaks are still measured).
+As in the estimate, the cuBLAS workspace (of `gpu`, else of the default GPU) goes through the
+allocator and stays: one "workspaces" allocation at the first matmul, before its output
+(`workspaces=False` leaves it out). cuDNN convolution workspaces are not modelled.
+
+Tensors that exist before entering count only when passed: `model=` (parameters, buffers,
+gradients), `optimizer=` (state), `tensors=` (filed as inputs); scanning every live tensor
+would count the rest of the process too. Categories: parameters, buffers, gradients (`.grad`),
+optimizer_state (in `optimizer.state`), activations (made in a module's forward, or after it
+until backward starts), temporaries (made in backward or in `optimizer.step()`), inputs (made
+outside all of these: usually the batch), workspaces. Modules come from global module hooks in
+forward and autograd-node tags in backward (memfit.tracer, Note: [Backward attribution]).
+
+Limitations: one thread, one stream; storages on the meta device are ignored; with
+`optimizer=`, step counters of non-fused torch.optim optimizers are host memory, as on CUDA.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from memfit.allocator import CachingAllocator, OutOfMemory
+from memfit.allocator import OutOfMemoryError as _AllocatorFull
+from memfit.allocator_config import AllocatorConfig
+from memfit.errors import BadInputError
+from memfit.tracer import META_KEY, SCALAR_CONSTANT_OPS, cuda_block_size, tag_graph
+
+__all__ = ["LiveTensor", "OomState", "SimulatedGPU", "active", "simulate"]
+
+#: aten ops that run on cuBLAS; the first one allocates the cuBLAS workspace (CublasHandlePool).
+MATMUL_OPS = frozenset(
+    {"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "addr",
+     "_addmm_activation", "_scaled_mm", "_int_mm"}
+)  # fmt: skip
+
+_ACTIVE: list[SimulatedGPU] = []
+
+
+def active() -> SimulatedGPU | None:
+    """The innermost active simulated GPU, or None."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LiveTensor:
+    """One storage on the simulated GPU. `block_bytes` is the 512-byte-rounded request."""
+
+    nbytes: int
+    category: str
+    op: str
+    module: str
+    phase: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def block_bytes(self) -> int:
+        return cuda_block_size(self.nbytes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OomState:
+    """The simulated GPU at the failed malloc: the allocator's record, where, and what was live."""
+
+    oom: OutOfMemory
+    message: str
+    op: str
+    module: str
+    phase: str
+    live: tuple[LiveTensor, ...]  # in allocation order
+    request: LiveTensor  # the storage that did not fit
+    config: AllocatorConfig
+    total_capacity_bytes: int
+    #: Paths of the model's repeated blocks (memfit.trace.find_repeated_blocks), if a model.
+    block_paths: tuple[str, ...] = ()
+    #: The optimizer's class name, if one was given.
+    optimizer: str | None = None
+    #: (parameter shape, bytes of its optimizer state) for each parameter with state.
+    optimizer_state: tuple[tuple[tuple[int, ...], int], ...] = field(default=())
+
+
+class SimulatedGPU(TorchDispatchMode):
+    """The context manager `simulate` returns; see the module docstring."""
+
+    def __init__(self, gpu: str | None = None, *, budget_bytes: int | None = None,
+                 alloc_conf: str | None = None, model: torch.nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, tensors: Any = (),
+                 workspaces: bool = True) -> None:  # fmt: skip
+        super().__init__()
+        capacity, self.total_capacity_bytes, ws = _capacity(gpu, budget_bytes)
+        self.capacity_bytes = capacity
+        cfg = AllocatorConfig.from_string(alloc_conf) if alloc_conf else AllocatorConfig()
+        self.allocator = CachingAllocator(cfg, capacity_bytes=capacity)
+        self.model, self.optimizer, self._extra = model, optimizer, tensors
+        self._workspace_bytes = ws if workspaces else 0
+        self.oom: OomState | None = None
+        self._recs: dict[int, LiveTensor] = {}
+        self._blocks: dict[int, int] = {}  # record id -> allocator block (device memory only)
+        self._live: dict[int, int] = {}  # id(storage) -> record id
+        self._finalizers: dict[int, weakref.finalize] = {}
+        self._next = 0
+        self._stack: list[str] = []
+        self._phase = "inputs"
+        self._names = {id(m): n for n, m in model.named_modules()} if model is not None else {}
+        self._host_steps = False
+        if optimizer is not None:
+            from memfit.optimizers import host_state_keys
+
+            self._host_steps = "step" in host_state_keys(optimizer)
+        self._in_malloc = False
+        self._deferred: list[tuple[int, int]] = []
+        self._hooks: list[Any] = []
+        self._entered = False
+
+    # -- public state ----------------------------------------------------------------------
+
+    @property
+    def peak_allocated_bytes(self) -> int:
+        """`torch.cuda.max_memory_allocated()` of the simulated GPU."""
+        return self.allocator.peak_allocated
+
+    @property
+    def peak_reserved_bytes(self) -> int:
+        """`torch.cuda.max_memory_reserved()` of the simulated GPU."""
+        return self.allocator.peak_reserved
+
+    @property
+    def allocated_bytes(self) -> int:
+        return self.allocator.allocated
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.allocator.reserved
+
+    def empty_cache(self) -> None:
+        """`torch.cuda.empty_cache()` on the simulated GPU."""
+        self.allocator.empty_cache()
+
+    def live_tensors(self) -> list[LiveTensor]:
+        """The storages on the simulated GPU now, categorised (see the module docstring)."""
+        self._recategorise()
+        recs = dict(self._recs)  # a copy: a gc pass may free storages meanwhile
+        return [recs[rid] for rid in list(self._blocks) if rid in recs]
+
+    # -- enter / exit ----------------------------------------------------------------------
+
+    def __enter__(self) -> SimulatedGPU:
+        from torch.nn.modules.module import (
+            register_module_forward_hook,
+            register_module_forward_pre_hook,
+        )
+
+        if self._entered:
+            raise RuntimeError("A simulate() context can be entered once; make a new one.")
+        self._entered = True
+        try:
+            self._register_existing()
+        except torch.OutOfMemoryError:
+            self._detach()
+            raise
+        self._hooks = [
+            register_module_forward_pre_hook(self._pre_hook),
+            register_module_forward_hook(self._post_hook, always_call=True),
+        ]
+        if self.optimizer is not None:
+            self._hooks.append(self.optimizer.register_step_pre_hook(self._opt_pre))
+            self._hooks.append(self.optimizer.register_step_post_hook(self._opt_post))
+        _ACTIVE.append(self)
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        _ACTIVE.remove(self)
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._detach()
+
+    def _detach(self) -> None:
+        """Stop following frees: the state stays as it was at exit."""
+        for f in self._finalizers.values():
+            f.detach()
+        self._finalizers = {}
+
+    def _register_existing(self) -> None:
+        m, opt = self.model, self.optimizer
+        if m is not None:
+            owner = {id(p): n.rpartition(".")[0] for n, p in m.named_parameters()}
+            for p in m.parameters():
+                self._track(p, "<parameters>", category="parameters", module=owner[id(p)])
+            for n, b in m.named_buffers():
+                self._track(b, "<buffers>", category="buffers", module=n.rpartition(".")[0])
+            for p in m.parameters():
+                if p.grad is not None:
+                    self._track(p.grad, "<gradients>", category="gradients", module=owner[id(p)])
+        if opt is not None:
+            for state in opt.state.values():
+                for key, v in state.items():
+                    if isinstance(v, torch.Tensor) and not (key == "step" and self._host_steps):
+                        self._track(v, "<optimizer_state>", category="optimizer_state")
+        extra, self._extra = self._extra, ()  # hold no reference: they must be free to die
+        for t in pytree.tree_leaves(extra):
+            if isinstance(t, torch.Tensor):
+                self._track(t, "<inputs>", category="inputs")
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        if self._phase != "backward" and torch._C._current_autograd_node() is not None:
+            self._phase = "backward"  # until the engine finishes this backward pass
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+        packet = getattr(getattr(func, "overloadpacket", None), "__name__", "")
+        if self._workspace_bytes and packet in MATMUL_OPS:
+            ws = self._workspace_bytes
+            rec = LiveTensor(nbytes=ws, category="workspaces", op=name, module="",
+                             phase=self._phase, shape=(ws,), dtype="uint8")  # fmt: skip
+            self._malloc(self._next, rec)  # kept for the life of the process
+            self._recs[self._next] = rec
+            self._next += 1
+            self._workspace_bytes = 0  # allocated once (a failed malloc is retried)
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._track(t, name)
+        return out
+
+    def _context(self) -> str:
+        if self._stack:
+            return self._stack[-1]
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            tag = node.metadata.get(META_KEY)  # type: ignore[attr-defined]
+            if tag is not None:
+                return tag[0]
+        return ""
+
+    def _category(self) -> str:
+        if self._phase in ("backward", "optimizer"):
+            return "temporaries"
+        return "activations" if self._stack or self._phase == "forward" else "inputs"
+
+    def _track(self, t: torch.Tensor, op: str, *, category: str | None = None,
+               module: str | None = None) -> None:  # fmt: skip
+        storage = t.untyped_storage()
+        key = id(storage)
+        if key in self._live or storage.device.type == "meta":
+            return
+        host = (
+            self._host_steps and self._phase == "optimizer" and op in SCALAR_CONSTANT_OPS
+            and t.dim() == 0
+        )  # fmt: skip
+        rec = LiveTensor(
+            nbytes=storage.nbytes(), category=category or self._category(), op=op,
+            module=self._context() if module is None else module, phase=self._phase,
+            shape=tuple(t.shape), dtype=str(t.dtype).removeprefix("torch."),
+        )  # fmt: skip
+        rid = self._next
+        if not host:
+            self._malloc(rid, rec)
+        self._next += 1
+        self._recs[rid] = rec
+        self._live[key] = rid
+        self._finalizers[rid] = weakref.finalize(storage, self._on_free, key, rid)
+
+    def _malloc(self, rid: int, rec: LiveTensor) -> None:
+        if rec.nbytes == 0:
+            return
+        self._in_malloc = True
+        try:
+            self._blocks[rid] = self.allocator.malloc(rec.nbytes)
+        except _AllocatorFull as e:
+            self._raise_oom(e.oom, rec)
+        finally:
+            self._in_malloc = False
+            while self._deferred:
+                self._on_free(*self._deferred.pop())
+
+    def _on_free(self, key: int, rid: int) -> None:
+        if self._in_malloc:  # a gc pass inside malloc: free once malloc is done
+            self._deferred.append((key, rid))
+            return
+        if self._live.get(key) == rid:
+            del self._live[key]
+        self._finalizers.pop(rid, None)
+        self._recs.pop(rid, None)
+        block = self._blocks.pop(rid, None)
+        if block is not None:
+            self.allocator.free(block)
+
+    def _raise_oom(self, oom: OutOfMemory, rec: LiveTensor) -> None:
+        from memfit.trace import find_repeated_blocks
+
+        module = rec.module or self._context()  # the workspace belongs to no module
+        message = oom.message(
+            op=rec.op, module=module or "<top>", total_capacity_bytes=self.total_capacity_bytes
+        )
+        opt_state: list[tuple[tuple[int, ...], int]] = []
+        if self.optimizer is not None:
+            for p, state in self.optimizer.state.items():
+                tensors = [
+                    v for k, v in state.items() if isinstance(v, torch.Tensor) and k != "step"
+                ]
+                if tensors and isinstance(p, torch.Tensor):
+                    opt_state.append(
+                        (tuple(p.shape), sum(v.untyped_storage().nbytes() for v in tensors))
+                    )
+        self.oom = OomState(
+            oom=oom, message=message, op=rec.op, module=module, phase=rec.phase,
+            live=tuple(self.live_tensors()), request=rec, config=self.allocator.config,
+            total_capacity_bytes=self.total_capacity_bytes,
+            block_paths=tuple(find_repeated_blocks(self.model)) if self.model is not None else (),
+            optimizer_state=tuple(opt_state),
+            optimizer=type(self.optimizer).__name__ if self.optimizer is not None else None,
+        )  # fmt: skip
+        err = torch.OutOfMemoryError(message)
+        err.memfit_oom = self.oom  # type: ignore[attr-defined]  # read by memfit.oom
+        raise err from None
+
+    def _recategorise(self) -> None:
+        """Give gradients and optimizer state their category, now that their role is known."""
+        roles: list[tuple[Any, str]] = []
+        if self.model is not None:
+            roles += [(p.grad, "gradients") for p in self.model.parameters()]
+        if self.optimizer is not None:
+            roles += [
+                (v, "optimizer_state") for s in self.optimizer.state.values() for v in s.values()
+            ]
+        for t, category in roles:
+            if isinstance(t, torch.Tensor):
+                rid = self._live.get(id(t.untyped_storage()))
+                if rid is not None and self._recs[rid].category != category:
+                    self._recs[rid] = replace(self._recs[rid], category=category)
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    def _pre_hook(self, module: torch.nn.Module, args: Any) -> None:
+        tag_graph(args, (self._stack[-1] if self._stack else "", -1))
+        if not self._stack:
+            self._phase = "forward"
+        self._stack.append(self._names.get(id(module), type(module).__name__))
+
+    def _post_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._stack:
+            tag_graph(output, (self._stack.pop(), -1))
+        if not self._stack and not torch.is_grad_enabled():
+            self._phase = "inputs"  # an inference forward: nothing to backpropagate
+
+    def _backward_done(self) -> None:
+        self._phase = "inputs"
+
+    def _opt_pre(self, *_: Any) -> None:
+        self._phase = "optimizer"
+
+    def _opt_post(self, *_: Any) -> None:
+        self._phase = "inputs"
+
+
+def simulate(gpu: str | None = None, *, budget_bytes: int | None = None,
+             alloc_conf: str | None = None, model: torch.nn.Module | None = None,
+             optimizer: torch.optim.Optimizer | None = None, tensors: Any = (),
+             workspaces: bool = True) -> SimulatedGPU:  # fmt: skip
+    """A context in which real CPU code runs on the memory of `gpu` (see the module docstring).
+
+    Args:
+        gpu: a catalog GPU name (`memfit gpus`); unknown names list the closest ones.
+        budget_bytes: allocator capacity in bytes (with `gpu`: the process's share of it).
+        alloc_conf: a PYTORCH_CUDA_ALLOC_CONF string, e.g. "expandable_segments:True".
+        model, optimizer, tensors: tensors that exist before entering and live on the GPU.
+        workspaces: allocate the cuBLAS workspace at the first matmul, as CUDA does.
+    """
+    return SimulatedGPU(
+        gpu, budget_bytes=budget_bytes, alloc_conf=alloc_conf, model=model, optimizer=optimizer,
+        tensors=tensors, workspaces=workspaces,
+    )  # fmt: skip
+
+
+def _capacity(gpu: str | None, budget: int | None) -> tuple[int | None, int, int]:
+    """(allocator capacity or None, total for the OOM message, cuBLAS workspace bytes)."""
+    from memfit.device import DEFAULT_GPU
+    from memfit.device_overhead import device_overhead
+    from memfit.gpus import get_gpu
+    from memfit.report import format_bytes
+
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0
+    ):
+        raise BadInputError(
+            f"budget_bytes must be a positive whole number of bytes, got {budget!r}."
+        )
+    g = get_gpu(gpu) if gpu is not None else None
+    overhead = device_overhead(g or get_gpu(DEFAULT_GPU))
+    cublas = overhead.item("cublas_workspace")
+    ws = cublas.bytes if cublas is not None else 0
+    if g is None:
+        return budget, budget or 0, ws
+    total = g.total_memory_bytes
+    outside = overhead.outside_allocator_bytes()
+    if budget is None:
+        return total - outside, total, ws
+    if budget > total:
+        raise BadInputError(
+            f"budget_bytes={budget} ({format_bytes(budget)}) is more than {g.name} has "
+            f"({total} bytes, {format_bytes(total)}). Give a smaller budget or a bigger GPU."
+        )
+    if budget <= outside:
+        raise BadInputError(
+            f"budget_bytes={budget} ({format_bytes(budget)}) is smaller than the CUDA context of "
+            f"{g.name}: {outside} bytes ({format_bytes(outside)}) outside PyTorch's allocator "
+            "(context and kernels, memfit.device_overhead). Give a budget larger than that, or "
+            "leave out the GPU name to make budget_bytes the allocator's capacity."
+        )
+    return budget - outside, budget, ws
