@@ -268,8 +268,8 @@ def test_bad_configs():
         apply_(tiny_gpt2(), ["checkpointing"])
     with pytest.raises(memfit.BadInputError, match="match no parameter"):
         apply_(tiny_gpt2(), [FreezeConfig(prefixes=("encoder",))])
-    with pytest.raises(memfit.BadInputError, match="offload"):
-        apply_(tiny_gpt2(), memfit.Workload(offload_optimizer=True))
+    with pytest.raises(memfit.BadInputError, match="offload_optimizer needs a training"):
+        apply_(tiny_gpt2(), memfit.Workload(offload_optimizer=True, mode="inference"))
     with pytest.raises(memfit.BadInputError, match="grad_accum is 4"):
         apply_(tiny_gpt2(), [AccumulationConfig(steps=4)]).step(batch(2))
 
@@ -298,3 +298,24 @@ def test_fsdp2_per_block_on_a_single_process_group():
             assert setup.step(b) == pytest.approx(ref.step(b), rel=1e-6)
     finally:
         dist.destroy_process_group()
+
+
+def test_offloaded_optimizer_steps_like_the_plain_one():
+    """Optimizer state and update on CPU copies: the same weights as the plain optimizer, and
+    the state is held by the CPU copies, not by the model's parameters."""
+    from memfit.offload import CpuOffloadOptimizer
+
+    ref, model = tiny_gpt2(), tiny_gpt2()
+    plain = apply_(ref, [OptimizerConfig(name="adamw", lr=0.01)])
+    setup = apply_(model, memfit.Workload(optimizer="adamw", offload_optimizer=True), lr=0.01)
+    assert isinstance(setup.optimizer, CpuOffloadOptimizer)
+    for seed in range(3):
+        b = batch(seed=seed)
+        assert setup.step(b) == plain.step(b)
+    for p, q in zip(ref.parameters(), model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    inner = setup.optimizer.inner
+    held = {id(p) for p in model.parameters()}
+    assert inner.state and all(id(p) not in held for p in inner.state)
+    assert all(p.grad is None for p in model.parameters())
+    assert setup.optimizer.state_dict()["state"].keys() == inner.state_dict()["state"].keys()

@@ -247,7 +247,7 @@ def _optimizer(config: OptimizerConfig, build: _Build) -> None:
     from memfit.techniques_apply import make_optimizer
 
     build.optimizer = make_optimizer(build.model, config)
-    build.applied.append(f"optimizer {config.name}")
+    build.applied.append(f"optimizer {config.name}" + (" on CPU" if config.offload else ""))
 
 
 def _place(build: _Build, emb: EmbeddingOnCpuConfig | None) -> None:

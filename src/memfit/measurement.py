@@ -34,7 +34,20 @@ from memfit.tracer import Tracker
 
 
 class _LiveTracker(Tracker):
-    """A Tracker whose phase follows the running code instead of a driver."""
+    """A Tracker whose phase follows the running code instead of a driver.
+
+    When measuring a GPU, storages on other devices (the data loader's CPU tensors, an
+    offloaded optimizer's state) are host memory: recorded, not counted.
+    """
+
+    device_type: str | None = None
+
+    def _track(self, t: torch.Tensor, **kwargs: Any) -> None:
+        super()._track(t, **kwargs)
+        if self.device_type is not None and t.device.type != self.device_type:
+            sid = self._live.get(id(t.untyped_storage()))
+            if sid is not None:
+                self.records[sid].host = True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.phase != "backward" and torch._C._current_autograd_node() is not None:
@@ -102,6 +115,8 @@ def _measuring(m: Measurement) -> Iterator[Measurement]:
     known: set[int] = {id(model)} if model is not None else set()
     depth = [0]
     cuda = m.device.startswith("cuda")
+    if cuda:
+        tracker.device_type = "cuda"
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

@@ -31,11 +31,6 @@ def apply_code(c: Candidate, model: str, gpu: str) -> str:
         if getattr(w, flag):
             fields.append(f"{flag}=True")
     head = f"import memfit\nworkload = memfit.Workload({', '.join(fields)})\n"
-    if w.offload_optimizer:
-        return (
-            head + f"memfit.estimate({model!r}, workload, gpu={gpu!r})\n"
-            "# memfit.apply_ cannot offload optimizer state yet: use DeepSpeed ZeRO-Offload"
-        )
     return head + (
         "setup = memfit.apply_(model, workload)  # model: your nn.Module, changed in place\n"
         "for batch in loader:\n"

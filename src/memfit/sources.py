@@ -218,14 +218,22 @@ def _from_hf_config(path: Path, task: str | None) -> ModelSpec:
     return _from_catalog(entry, task)
 
 
-def _from_factory_string(text: str) -> ModelSpec:
+def load_functions(text: str) -> tuple[Callable[..., Any], Callable[..., Any] | None]:
+    """ "file.py:fn[:make_batch]" (or "package.module:fn[:make_batch]") -> the functions.
+
+    Without a third part, a `make_batch` beside `fn` is returned if the file has one.
+    """
     parts = text.split(":")
+    if len(parts) < 2 or not parts[1]:
+        raise BadInputError(
+            f"{text!r} names no function: write file.py:function (e.g. train.py:build)."
+        )
     target, fn_name = parts[0], parts[1]
     batch_name = parts[2] if len(parts) > 2 else None
     if target.endswith(".py"):
         file = Path(target)
         if not file.is_file():
-            raise BadInputError(f"Model factory file {target!r} does not exist.")
+            raise BadInputError(f"File {target!r} does not exist.")
         mod_name = "memfit_user_" + file.stem
         spec = importlib.util.spec_from_file_location(mod_name, file)
         assert spec is not None and spec.loader is not None
@@ -249,7 +257,12 @@ def _from_factory_string(text: str) -> ModelSpec:
     make_batch = getattr(module, batch_name or "make_batch", None)
     if batch_name and not callable(make_batch):
         raise BadInputError(f"{target!r} has no function {batch_name!r}.")
-    return _from_factory(fn, make_batch if callable(make_batch) else None, text)
+    return fn, make_batch if callable(make_batch) else None
+
+
+def _from_factory_string(text: str) -> ModelSpec:
+    fn, make_batch = load_functions(text)
+    return _from_factory(fn, make_batch, text)
 
 
 def _from_factory(fn: Callable[[], Any], make_batch: Any, name: str) -> ModelSpec:

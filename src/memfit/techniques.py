@@ -92,12 +92,14 @@ class AccumulationConfig:
 class OptimizerConfig:
     """The optimizer, by memfit name (workload.OPTIMIZERS), with its learning rate.
 
-    "adamw-8bit" is bitsandbytes' AdamW8bit (`pip install memfit[bnb]`).
+    "adamw-8bit" is bitsandbytes' AdamW8bit (`pip install memfit[bnb]`). With `offload`, the
+    state and the update live on the CPU (memfit.offload.CpuOffloadOptimizer).
     """
 
     name: str = "adamw"
     lr: float = 1e-3
     weight_decay: float = 0.0
+    offload: bool = False
 
     def __post_init__(self) -> None:
         _choice("optimizer", self.name, OPTIMIZERS)
@@ -161,15 +163,9 @@ TechniqueConfig = (
 
 
 def configs_from_workload(w: Workload, *, lr: float = 1e-3) -> list[TechniqueConfig]:
-    """The technique configs that turn a model into the step `w` describes.
-
-    `offload_optimizer` has no config yet: `apply_` raises for it rather than ignore it.
-    """
-    if w.offload_optimizer:
-        raise BadInputError(
-            "apply_ cannot offload optimizer state to the CPU yet. Plan without it "
-            "(--forbid offload-optimizer) or use DeepSpeed ZeRO-Offload for that part."
-        )
+    """The technique configs that turn a model into the step `w` describes."""
+    if w.offload_optimizer and (not w.training or w.optimizer == "none"):
+        raise BadInputError("offload_optimizer needs a training workload with an optimizer.")
     out: list[TechniqueConfig] = []
     if w.freeze:
         out.append(FreezeConfig(prefixes=w.freeze))
@@ -186,5 +182,5 @@ def configs_from_workload(w: Workload, *, lr: float = 1e-3) -> list[TechniqueCon
     if w.grad_accum > 1:
         out.append(AccumulationConfig(steps=w.grad_accum))
     if w.training and w.optimizer != "none":
-        out.append(OptimizerConfig(name=w.optimizer, lr=lr))
+        out.append(OptimizerConfig(name=w.optimizer, lr=lr, offload=w.offload_optimizer))
     return out

@@ -158,6 +158,14 @@ def make_optimizer(model: torch.nn.Module, config: OptimizerConfig) -> torch.opt
             "No parameter of the model requires grad, so there is nothing to optimize. "
             "Unfreeze some parameters or add LoRA."
         )
+    if config.offload:
+        from memfit.offload import CpuOffloadOptimizer
+
+        return CpuOffloadOptimizer(params, lambda ps: _optimizer(ps, config))
+    return _optimizer(params, config)
+
+
+def _optimizer(params: list[torch.nn.Parameter], config: OptimizerConfig) -> torch.optim.Optimizer:
     name, lr, wd = config.name, config.lr, config.weight_decay
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, weight_decay=wd)
