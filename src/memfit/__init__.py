@@ -26,13 +26,16 @@ if TYPE_CHECKING:
     from memfit.oom import OomReport, explain_oom
     from memfit.planner import Goal, Plan, max_batch, max_seq, plan
     from memfit.profile import MemoryProfile
+    from memfit.runtime_doctor import Doctor, Finding, doctor
     from memfit.train_setup import TrainSetup
     from memfit.weights_io import load_weights
 
 __all__ = [
     "BadInputError",
     "BatchSearch",
+    "Doctor",
     "Estimate",
+    "Finding",
     "Goal",
     "LoraConfig",
     "Measurement",
@@ -45,6 +48,7 @@ __all__ = [
     "TrainSetup",
     "Workload",
     "apply_",
+    "doctor",
     "estimate",
     "explain_oom",
     "find_batch_size",
@@ -78,6 +82,9 @@ _LAZY = {
     "BatchSearch": ("memfit.batch_search", "BatchSearch"),
     "explain_oom": ("memfit.oom", "explain_oom"),
     "OomReport": ("memfit.oom", "OomReport"),
+    "doctor": ("memfit.runtime_doctor", "doctor"),
+    "Doctor": ("memfit.runtime_doctor", "Doctor"),
+    "Finding": ("memfit.runtime_doctor", "Finding"),
 }
 
 

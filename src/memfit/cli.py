@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -86,6 +87,13 @@ def estimate(
         bool, typer.Option("--tie-embeddings", help="Share input and output embeddings.")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report.")] = False,
+    timeline: Annotated[
+        Path | None, typer.Option(help="Write the memory timeline to this .png or .html.")
+    ] = None,
+    snapshot: Annotated[
+        Path | None,
+        typer.Option(help="Write a snapshot pytorch.org/memory_viz opens (.pickle) here."),
+    ] = None,
 ) -> None:
     """Estimate peak GPU memory of one training (or inference) step, without a GPU."""
     from memfit.workload import LoraConfig, Workload
@@ -113,9 +121,17 @@ def estimate(
             embedding_on_cpu=embedding_on_cpu,
             tie_embeddings=tie_embeddings,
         )
+        from memfit.cli_measure import check_timeline_path
         from memfit.estimator import estimate as run_estimate
 
+        check_timeline_path(timeline)
         est = run_estimate(model, w, task=task, alloc_conf=alloc_conf)
+        if timeline is not None or snapshot is not None:
+            from memfit.allocator_config import AllocatorConfig
+            from memfit.cli_measure import write_pictures
+
+            cfg = AllocatorConfig.from_string(alloc_conf) if alloc_conf else None
+            write_pictures(est.profile, timeline, snapshot, config=cfg)
     except (MemfitError, ImportError) as e:
         raise _fail(str(e)) from None
     from memfit import report
@@ -297,6 +313,20 @@ def gpus(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
             g.display_name,
         )
     Console().print(table)
+
+
+def _register_commands() -> None:
+    from memfit.cli_doctor import doctor_command
+    from memfit.cli_guard import find_batch_command
+    from memfit.cli_measure import compare_command, profile_command
+
+    app.command("profile")(profile_command)
+    app.command("compare")(compare_command)
+    app.command("doctor")(doctor_command)
+    app.command("find-batch")(find_batch_command)
+
+
+_register_commands()
 
 
 def main() -> None:

@@ -1,0 +1,20 @@
+"""Clean: gradient accumulation over 3 micro-batches, with AdamW (lazy state at step 1)."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+B, IN, H, OUT, STEPS = 4, 16, 32, 8, 6  # fp32: out is B*OUT*4 = 128 B, hidden B*H*4 = 512 B
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(IN, H), nn.ReLU(), nn.Linear(H, OUT))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(B, IN), torch.randn(B, OUT)
+
+ACCUM = 3
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for _ in range(STEPS):
+    for _ in range(ACCUM):
+        loss = F.mse_loss(model(torch.randn(B, IN)), y) / ACCUM
+        loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)

@@ -1,0 +1,25 @@
+"""Anti-pattern: the validation loop runs with grad enabled (no `torch.no_grad()`)."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+B, IN, H, OUT, STEPS = 4, 16, 32, 8, 6  # fp32: out is B*OUT*4 = 128 B, hidden B*H*4 = 512 B
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(IN, H), nn.ReLU(), nn.Linear(H, OUT))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(B, IN), torch.randn(B, OUT)
+
+for _ in range(STEPS):
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+model.eval()
+val_loss = 0.0
+for _ in range(3):
+    xv, yv = torch.randn(B, IN), torch.randn(B, OUT)
+    out = model(xv)  # LEAK
+    val_loss += F.mse_loss(out, yv).item()
+print("val loss", val_loss / 3)
