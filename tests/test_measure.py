@@ -103,3 +103,46 @@ def test_without_a_model_the_outermost_module_is_found():
     assert a.breakdown == b.breakdown
     assert a.peak_module == b.peak_module
     assert {k: v for k, v in a.by_module.items()} == b.by_module
+
+
+def test_an_oom_in_a_measured_loop_is_explained(capsys):
+    """A simulated OOM escaping `measure`: the report says what held the memory."""
+    from memfit.gpu_simulation import simulate
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(),
+                                torch.nn.Linear(2048, 512))  # fmt: skip
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gpu = simulate(budget_bytes=40 * 2**20, model=model, optimizer=opt)
+    m = measure(model, opt)
+    with pytest.raises(torch.OutOfMemoryError), gpu, m:
+        for _ in range(2):
+            model(torch.randn(4096, 512)).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    assert m.oom_report is not None
+    err = capsys.readouterr().err
+    assert m.oom_report in err
+    assert "activations" in m.oom_report and "parameters" in m.oom_report
+
+
+def test_explain_live_without_simulation():
+    """A real-GPU OOM carries no allocator state: the tracker's live set is reported."""
+    from memfit.oom_live import explain_live
+    from memfit.tracer import ALLOC, FREE, StorageRecord
+
+    recs = {
+        0: StorageRecord(0, 4096, "parameters", "setup", 0, "<parameters>", "fc", -1, 0),
+        1: StorageRecord(1, 10_000, "activations", "forward", 0, "addmm", "fc", -1, 1),
+        2: StorageRecord(2, 100, "temporaries", "forward", 0, "relu", "act", -1, 1),
+    }
+    events = [
+        (ALLOC, 0, "setup", 0, "", "", -1),
+        (ALLOC, 1, "forward", 0, "addmm", "fc", -1),
+        (ALLOC, 2, "forward", 0, "relu", "act", -1),
+        (FREE, 2, "forward", 0, "relu", "act", -1),
+    ]
+    text = explain_live(torch.OutOfMemoryError("CUDA out of memory"), recs, events)
+    # 4096 B + 10,000 B rounded up to 10,240 B = 14,336 B = 14.00 KiB alive.
+    assert "out of memory with 14.00 KiB of tensors alive" in text
+    assert "activations" in text and "temporaries" not in text

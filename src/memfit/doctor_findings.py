@@ -1,6 +1,7 @@
 """The checks of `memfit.doctor`: run at each step boundary, turned into findings on demand.
 
-Findings are returned as keyword dicts of `memfit.runtime_doctor.Finding` (this module sits below it).
+Findings are returned as keyword dicts of `memfit.runtime_doctor.Finding` (this module sits
+below it).
 """
 
 from __future__ import annotations

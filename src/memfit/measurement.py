@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,8 @@ class Measurement:
     cuda_max_reserved: int | None = None
     cuda_device_used: int | None = None
     steps: int = 0
+    #: When torch.OutOfMemoryError escaped the block: what held the memory, as text.
+    oom_report: str | None = None
     _model: torch.nn.Module | None = field(default=None, repr=False)
     _optimizer: torch.optim.Optimizer | None = field(default=None, repr=False)
     _hooks: list[Any] = field(default_factory=list, repr=False)
@@ -199,7 +202,15 @@ def _measuring(m: Measurement) -> Iterator[Measurement]:
                     for v in state.values():
                         if isinstance(v, torch.Tensor):
                             tracker.register(v, "optimizer_state")
-            yield m
+            try:
+                yield m
+            except torch.OutOfMemoryError as e:
+                # Explained while the tensors that filled the memory are still recorded.
+                from memfit.oom_live import explain_live
+
+                m.oom_report = explain_live(e, tracker.records, tracker.events)
+                print(m.oom_report, file=sys.stderr)
+                raise
     finally:
         tracker.close()
         for h in m._hooks:
