@@ -274,18 +274,57 @@ def test_bad_configs():
         apply_(tiny_gpt2(), [AccumulationConfig(steps=4)]).step(batch(2))
 
 
-def test_fsdp2_per_block_on_a_single_process_group():
-    """FSDP2 on gloo with one rank: every block and the root are sharded once, and the steps
-    give the losses of the unsharded model (one rank: nothing is averaged away)."""
+def _free_port() -> int:
     import socket
-
-    import torch.distributed as dist
-    from torch.distributed.fsdp import FSDPModule
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+        return s.getsockname()[1]
+
+
+def test_ddp_syncs_only_on_the_last_micro_batch():
+    """Under DDP, accumulation runs the first k-1 micro-batches in no_sync(); the gradients are
+    those of the whole batch."""
+    import contextlib
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group(
+        "gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_free_port()}"
+    )
+    try:
+        base = grads_after(tiny_gpt2(), [], batch(8))
+        ddp = DDP(tiny_gpt2())
+        entered = []
+        original = ddp.no_sync
+
+        @contextlib.contextmanager
+        def counting_no_sync():
+            entered.append(True)
+            with original():
+                yield
+
+        ddp.no_sync = counting_no_sync  # type: ignore[method-assign]
+        setup = apply_(ddp, [AccumulationConfig(steps=4)])
+        setup.step(batch(8))
+        assert len(entered) == 3
+        got = {n.removeprefix("module."): p.grad for n, p in ddp.named_parameters()}
+        for k in base:
+            torch.testing.assert_close(got[k], base[k], rtol=1e-5, atol=1e-7)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_per_block_on_a_single_process_group():
+    """FSDP2 on gloo with one rank: every block and the root are sharded once, and the steps
+    give the losses of the unsharded model (one rank: nothing is averaged away)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    dist.init_process_group(
+        "gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_free_port()}"
+    )
     try:
         ref = apply_(tiny_gpt2(), [AccumulationConfig(steps=2), OptimizerConfig()])
         model = tiny_gpt2()
@@ -319,3 +358,20 @@ def test_offloaded_optimizer_steps_like_the_plain_one():
     assert inner.state and all(id(p) not in held for p in inner.state)
     assert all(p.grad is None for p in model.parameters())
     assert setup.optimizer.state_dict()["state"].keys() == inner.state_dict()["state"].keys()
+
+
+def test_seq2seq_shares_encoder_and_decoder_embeddings():
+    cfg = transformers.BartConfig(
+        vocab_size=VOCAB, d_model=16, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+        decoder_ffn_dim=32, max_position_embeddings=32,
+    )  # fmt: skip
+    model = transformers.BartForConditionalGeneration._from_config(cfg)
+    dec = model.get_decoder()
+    dec.embed_tokens = torch.nn.Embedding(VOCAB, 16)  # untied, as in a converted checkpoint
+    n_before = len(list(model.parameters()))
+    apply_(model, [TieEmbeddingsConfig()])
+    enc_w = model.get_encoder().embed_tokens.weight
+    assert dec.embed_tokens.weight is enc_w
+    assert model.lm_head.weight is model.get_input_embeddings().weight
+    assert len(list(model.parameters())) == n_before - 1

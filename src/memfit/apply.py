@@ -169,16 +169,9 @@ def _apply_one(config: Any, build: _Build) -> None:
 
 @_apply_one.register
 def _freeze(config: FreezeConfig, build: _Build) -> None:
-    matched = False
-    for name, p in build.model.named_parameters():
-        if any(name == f or name.startswith(f + ".") for f in config.prefixes):
-            p.requires_grad_(False)
-            matched = True
-    if not matched:
-        raise BadInputError(
-            f"FreezeConfig prefixes {list(config.prefixes)!r} match no parameter. Give "
-            "module-name prefixes from model.named_parameters(), e.g. 'model.embed_tokens'."
-        )
+    from memfit.techniques_trace import freeze
+
+    freeze(build.model, config.prefixes, type(build.model).__name__)
     build.applied.append("frozen: " + ", ".join(config.prefixes))
 
 

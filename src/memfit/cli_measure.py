@@ -106,7 +106,7 @@ def profile_command(
 
 def render_measured(m: Any, what: str) -> str:
     """The terminal report of a measurement."""
-    from memfit.report import format_bytes, grouped_modules
+    from memfit.report import category_lines, format_bytes, grouped_modules
 
     p = m.profile
     lines = [f"{what}: measured on {m.device}, {m.steps} optimizer step(s)", ""]
@@ -124,10 +124,7 @@ def render_measured(m: Any, what: str) -> str:
     )
     lines.append("")
     lines.append("at the peak, by category:")
-    total = max(p.peak_allocated_bytes, 1)
-    for cat, b in p.breakdown.items():
-        if b:
-            lines.append(f"  {cat:<22}{format_bytes(b):>14}  {100 * b / total:5.1f} %")
+    lines += category_lines(p)
     lines.append("")
     lines.append("at the peak, by module:")
     for mod, b in list(grouped_modules(p.modules_at_depth(3)).items())[:8]:

@@ -19,20 +19,11 @@ from typing import Any
 
 from memfit.errors import BadInputError
 from memfit.profile import MemoryProfile
+from memfit.tracer import CATEGORIES
 
 TOTALS = ("peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes")
-CATEGORY_KEYS = (
-    "parameters",
-    "buffers",
-    "gradients",
-    "optimizer_state",
-    "inputs",
-    "activations",
-    "temporaries",
-    "workspaces",
-    "allocator_cache",
-    "cuda_context",
-)
+#: The tracer's categories, then what only device memory has (the JSON contract's breakdown).
+CATEGORY_KEYS = (*CATEGORIES, "allocator_cache", "cuda_context")
 
 
 def profile_json(profile: MemoryProfile, *, source: str, device: str) -> dict[str, Any]:

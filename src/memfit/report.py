@@ -41,6 +41,16 @@ def grouped_modules(by_module: dict[str, int]) -> dict[str, int]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+def category_lines(p: Any) -> list[str]:
+    """The bytes of each category at a profile's peak, with its share of the peak."""
+    total = max(p.peak_allocated_bytes, 1)
+    return [
+        f"  {cat:<22}{format_bytes(b):>14}  {100 * b / total:5.1f} %"
+        for cat, b in p.breakdown.items()
+        if b
+    ]
+
+
 def rule_of_thumb_bytes(est: Estimate) -> int:
     """What the usual rule of thumb says: 16 B/param + traced activations + 2 GB."""
     return (
@@ -142,10 +152,7 @@ def render_text(est: Estimate, *, top_modules: int = 8) -> str:
     )
     lines.append("")
     lines.append("at the peak, by category:")
-    total = max(p.peak_allocated_bytes, 1)
-    for cat, b in p.breakdown.items():
-        if b:
-            lines.append(f"  {cat:<22}{format_bytes(b):>14}  {100 * b / total:5.1f} %")
+    lines += category_lines(p)
     dev = p.device_breakdown
     for key in ("allocator_cache", "cuda_context", "nccl"):
         if dev.get(key):

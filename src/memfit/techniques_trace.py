@@ -21,21 +21,26 @@ from memfit.workload import Workload
 def prepare_model(model: torch.nn.Module, w: Workload, spec: ModelSpec) -> torch.nn.Module:
     """Freeze what the workload freezes and add LoRA adapters (through peft)."""
     if w.freeze:
-        matched = False
-        for name, p in model.named_parameters():
-            if any(name == f or name.startswith(f + ".") for f in w.freeze):
-                p.requires_grad_(False)
-                matched = True
-        if not matched:
-            raise BadInputError(
-                f"--freeze {','.join(w.freeze)!r} matches no parameter of {spec.name!r}. "
-                "Give module-name prefixes such as 'model.embed_tokens'."
-            )
+        freeze(model, w.freeze, spec.name)
     if w.tie_embeddings:
         tie_embeddings(model, spec.name)
     if w.lora is not None:
         model = _add_lora(model, w, spec)
     return model
+
+
+def freeze(model: torch.nn.Module, prefixes: tuple[str, ...], name: str) -> None:
+    """No gradient for the parameters under these module-name prefixes (in place)."""
+    matched = False
+    for pname, p in model.named_parameters():
+        if any(pname == f or pname.startswith(f + ".") for f in prefixes):
+            p.requires_grad_(False)
+            matched = True
+    if not matched:
+        raise BadInputError(
+            f"Freeze prefixes {list(prefixes)!r} match no parameter of {name!r}. Give "
+            "module-name prefixes from model.named_parameters(), e.g. 'model.embed_tokens'."
+        )
 
 
 def tie_embeddings(model: torch.nn.Module, name: str) -> None:

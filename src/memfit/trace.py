@@ -33,6 +33,7 @@ from memfit.errors import BadInputError, TraceError
 from memfit.optimizers import build_optimizer, host_state_keys
 from memfit.sources import ModelSpec
 from memfit.tracer import Event, StorageRecord, Tracker
+from memfit.train_setup import call_model
 from memfit.workload import Workload
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -182,14 +183,6 @@ def _loss(spec: ModelSpec, out: Any, batch: Any) -> torch.Tensor:
             "backward to trace. Use --mode inference, or return a loss."
         )
     return leaves[0].float().sum()
-
-
-def _call(model: torch.nn.Module, batch: Any) -> Any:
-    if isinstance(batch, dict):
-        return model(**batch)
-    if isinstance(batch, (tuple, list)):
-        return model(batch[0]) if len(batch) == 2 else model(*batch)
-    return model(batch)
 
 
 def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, *,
@@ -372,12 +365,12 @@ def _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step) -
         tracker.set_phase("forward", step)
         if not w.training:
             with torch.no_grad(), emulation:
-                out = _call(model, batch)
+                out = call_model(model, batch)
             emulation.clear_cache()
             del out, batch
             continue
         with emulation:
-            out = _call(model, batch)
+            out = call_model(model, batch)
             loss = _loss(spec, out, batch)
             del out
         emulation.clear_cache()

@@ -161,7 +161,7 @@ class TrainSetup:
         for i, mb in enumerate(micro):
             with self.accumulate(last=i == len(micro) - 1):
                 with self.autocast():
-                    out = _call(self.model, mb.data)
+                    out = call_model(self.model, mb.data)
                     loss = _loss(out, mb.data, loss_fn)
                     del out
                 weighted = loss * mb.weight if len(micro) > 1 else loss
@@ -180,7 +180,9 @@ class TrainSetup:
         save_weights(self.model, path)
 
 
-def _call(model: torch.nn.Module, batch: Any) -> Any:
+def call_model(model: torch.nn.Module, batch: Any) -> Any:
+    """The model on a batch: a dict as keyword arguments, `(inputs, targets)` passes inputs,
+    another tuple is unpacked, anything else is the one argument."""
     if isinstance(batch, dict):
         return model(**batch)
     if isinstance(batch, (tuple, list)):
