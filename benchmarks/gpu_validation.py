@@ -343,7 +343,8 @@ def run_real_steps(cfg: Config, device: Any, *, on_done: Any = None) -> dict[str
     from memfit.optimizers import build_optimizer
     from memfit.sources import resolve_model
     from memfit.techniques_trace import checkpoint_blocks, prepare_model
-    from memfit.trace import _DTYPES, _call, _loss, _make_batch, find_repeated_blocks
+    from memfit.trace import _DTYPES, _loss, _make_batch, find_repeated_blocks
+    from memfit.train_setup import call_model
 
     device = torch.device(device)
     w = cfg.workload()
@@ -379,7 +380,7 @@ def run_real_steps(cfg: Config, device: Any, *, on_done: Any = None) -> dict[str
                     t.normal_()  # memfit's image batches are torch.empty
             ctx = torch.autocast(device.type, dtype=low) if w.mixed else contextlib.nullcontext()
             with ctx:
-                out = _call(model, batch)
+                out = call_model(model, batch)
                 loss = _loss(spec, out, batch)
                 del out
             if w.grad_accum > 1:
