@@ -80,6 +80,16 @@ def test_cuda_tracker_equals_allocator_statistics():
     assert abs(m.profile.peak_allocated_bytes - m.cuda_max_allocated) <= 64 * 2**20
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_script_without_model_records_the_allocator_history():
+    model = torch.nn.Linear(1024, 1024).cuda()
+    with measure(record_history=True) as m:
+        model(torch.randn(64, 1024, device="cuda")).sum().backward()
+    assert m.device.startswith("cuda")
+    assert m.cuda_snapshot is not None and m.cuda_snapshot["device_traces"]
+    assert m.profile.breakdown["parameters"] == 1024 * 1024 * 4 + 4096
+
+
 def test_without_a_model_the_outermost_module_is_found():
     """A script's loop measured with no model named gives the same profile as naming it."""
 

@@ -76,7 +76,7 @@ def profile_command(
         raise _fail(str(e)) from None
     failure: ScriptFailed | None = None
     out = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
-    cm = measure()
+    cm = measure(record_history=snapshot is not None)
     try:
         with out:
             run_script(script, args or [], wrap=cm)
@@ -90,6 +90,12 @@ def profile_command(
         typer.echo(f"error: {failure}; the report covers the run up to the failure.", err=True)
     profile = m.profile
     assert profile is not None  # set when the measured block exits
+    if snapshot is not None and m.cuda_snapshot is not None:
+        import pickle
+
+        with open(snapshot, "wb") as f:  # the allocator's own history, not a simulation
+            pickle.dump(m.cuda_snapshot, f)
+        snapshot = None
     try:
         write_pictures(profile, timeline, snapshot)
     except (MemfitError, ImportError) as e:

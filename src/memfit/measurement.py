@@ -33,21 +33,31 @@ import torch
 from memfit.profile import MemoryProfile
 from memfit.tracer import Tracker
 
+#: Allocator events kept by `record_history` (PyTorch's default is 100,000 too).
+HISTORY_ENTRIES = 100_000
+
 
 class _LiveTracker(Tracker):
     """A Tracker whose phase follows the running code instead of a driver.
 
-    When measuring a GPU, storages on other devices (the data loader's CPU tensors, an
-    offloaded optimizer's state) are host memory: recorded, not counted.
+    It remembers each storage's device type: when a GPU is measured, storages on other devices
+    (the data loader's CPU tensors, an offloaded optimizer's state) are host memory.
     """
 
-    device_type: str | None = None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.device_types: dict[int, str] = {}
 
     def _track(self, t: torch.Tensor, **kwargs: Any) -> None:
         super()._track(t, **kwargs)
-        if self.device_type is not None and t.device.type != self.device_type:
-            sid = self._live.get(id(t.untyped_storage()))
-            if sid is not None:
+        sid = self._live.get(id(t.untyped_storage()))
+        if sid is not None and sid not in self.device_types:
+            self.device_types[sid] = t.device.type
+
+    def keep_only(self, device_type: str) -> None:
+        """Storages on other devices become host memory (recorded, not counted)."""
+        for sid, dt in self.device_types.items():
+            if dt != device_type:
                 self.records[sid].host = True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -76,6 +86,10 @@ class Measurement:
     steps: int = 0
     #: When torch.OutOfMemoryError escaped the block: what held the memory, as text.
     oom_report: str | None = None
+    #: On CUDA with record_history: `torch.cuda.memory._snapshot()` at the end of the block
+    #: (the pickle pytorch.org/memory_viz opens, with the allocator's real segments).
+    cuda_snapshot: dict[str, Any] | None = None
+    _record_history: bool = field(default=False, repr=False)
     _model: torch.nn.Module | None = field(default=None, repr=False)
     _optimizer: torch.optim.Optimizer | None = field(default=None, repr=False)
     _hooks: list[Any] = field(default_factory=list, repr=False)
@@ -94,6 +108,8 @@ class Measurement:
 def measure(
     model: torch.nn.Module | None = None,
     optimizer: torch.optim.Optimizer | None = None,
+    *,
+    record_history: bool = False,
 ) -> Measurement:
     """Measure the steps run inside a `with` block; see the module docstring.
 
@@ -102,8 +118,15 @@ def measure(
             marks the steps). Without it, the outermost module called is taken as the model.
         optimizer: its existing state is counted from the start; any optimizer's step marks
             the optimizer phase.
+        record_history: on CUDA, also record the allocator's history
+            (`torch.cuda.memory._record_memory_history`) and keep its snapshot.
     """
-    return Measurement(device=_device_of(model), _model=model, _optimizer=optimizer)
+    return Measurement(
+        device=_device_of(model),
+        _model=model,
+        _optimizer=optimizer,
+        _record_history=record_history,
+    )
 
 
 @contextlib.contextmanager
@@ -117,12 +140,15 @@ def _measuring(m: Measurement) -> Iterator[Measurement]:
     tracker = _LiveTracker(root, blocks)
     known: set[int] = {id(model)} if model is not None else set()
     depth = [0]
-    cuda = m.device.startswith("cuda")
-    if cuda:
-        tracker.device_type = "cuda"
-    if cuda:
+    # A script's device is known only once it has run; the statistics are read if CUDA works.
+    cuda_ready = torch.cuda.is_available() and (
+        m.device.startswith("cuda") or (model is None and torch.cuda.is_initialized())
+    )
+    if cuda_ready:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    if m._record_history and torch.cuda.is_available():
+        torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES)
     stepped = [False]
 
     def on_forward(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -216,7 +242,15 @@ def _measuring(m: Measurement) -> Iterator[Measurement]:
         for h in m._hooks:
             h.remove()
         m._hooks = []
+        if model is None and "cuda" in tracker.device_types.values():
+            m.device = f"cuda:{torch.cuda.current_device()}"
+        cuda = m.device.startswith("cuda")
+        tracker.keep_only("cuda" if cuda else "cpu")
         m.profile = MemoryProfile.from_events(tracker.records, tracker.events)
+        if m._record_history and torch.cuda.is_available():
+            if cuda:
+                m.cuda_snapshot = torch.cuda.memory._snapshot()
+            torch.cuda.memory._record_memory_history(enabled=None)
         if cuda:
             torch.cuda.synchronize()
             m.cuda_max_allocated = torch.cuda.max_memory_allocated()
