@@ -375,3 +375,15 @@ def test_seq2seq_shares_encoder_and_decoder_embeddings():
     assert dec.embed_tokens.weight is enc_w
     assert model.lm_head.weight is model.get_input_embeddings().weight
     assert len(list(model.parameters())) == n_before - 1
+
+
+def test_estimating_an_applied_model_traces_the_copy():
+    """memfit.estimate copies a module it is given; the copy's checkpointed blocks must run
+    the copy's layers (a closure over the original forward ran the original, real ones)."""
+    w = memfit.Workload(batch_size=2, seq_len=SEQ, attention="eager", checkpointing="blocks")
+    fresh = memfit.estimate(tiny_gpt2(), w).profile
+    model = tiny_gpt2()
+    apply_(model, [CheckpointConfig()])
+    applied = memfit.estimate(model, w).profile
+    assert applied.peak_allocated_bytes == fresh.peak_allocated_bytes
+    assert applied.breakdown == fresh.breakdown

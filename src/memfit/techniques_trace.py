@@ -145,34 +145,49 @@ def checkpoint_blocks(
     saved and the rest is recomputed (create_selective_checkpoint_contexts).
     Wrapping twice is a no-op: the wrapped forward is marked. Returns the blocks wrapped now.
     """
-    context_fn = _selective_context(save_ops) if save_ops is not None else None
-    extra: dict[str, Any] = {"context_fn": context_fn} if context_fn is not None else {}
     wrapped_now = 0
     for path in block_paths:
         block = model.get_submodule(path)
-        fwd = block.forward
-        if getattr(fwd, "_memfit_checkpointed", False):
+        if getattr(block.forward, "_memfit_checkpointed", False):
             continue
-
-        def run(*args: Any, _fwd=fwd, _path=path, **kwargs: Any) -> Any:
-            for f in region_listeners:
-                f(_path, True)
-            try:
-                return _fwd(*args, **kwargs)
-            finally:
-                for f in region_listeners:
-                    f(_path, False)
-
-        @functools.wraps(fwd)
-        def wrapped(*args: Any, _fwd=fwd, _run=run, **kwargs: Any) -> Any:
-            if not torch.is_grad_enabled():
-                return _fwd(*args, **kwargs)
-            return checkpoint(_run, *args, use_reentrant=False, **extra, **kwargs)
-
+        # A partial over the block (not a closure over its bound forward): a deep copy of the
+        # model (memfit.estimate copies a module it is given) then wraps the copied block.
+        wrapped = functools.partial(
+            _checkpointed_forward, block, path, block.__dict__.get("forward"), save_ops
+        )
         wrapped._memfit_checkpointed = True  # type: ignore[attr-defined]
         block.forward = wrapped
         wrapped_now += 1
     return wrapped_now
+
+
+def _checkpointed_forward(
+    block: torch.nn.Module,
+    path: str,
+    inner: Callable[..., Any] | None,
+    save_ops: tuple[str, ...] | None,
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """The block's own forward (or the instance override it had), under checkpoint when
+    gradients are on; region listeners hear where the block starts and ends."""
+    fwd = inner if inner is not None else functools.partial(type(block).forward, block)
+    if not torch.is_grad_enabled():
+        return fwd(*args, **kwargs)
+
+    def run(*a: Any, **kw: Any) -> Any:
+        for f in region_listeners:
+            f(path, True)
+        try:
+            return fwd(*a, **kw)
+        finally:
+            for f in region_listeners:
+                f(path, False)
+
+    extra: dict[str, Any] = {}
+    if save_ops is not None:
+        extra["context_fn"] = _selective_context(save_ops)
+    return checkpoint(run, *args, use_reentrant=False, **extra, **kwargs)
 
 
 def _selective_context(save_ops: tuple[str, ...]) -> Callable[[], Any]:
