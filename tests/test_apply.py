@@ -387,3 +387,69 @@ def test_estimating_an_applied_model_traces_the_copy():
     applied = memfit.estimate(model, w).profile
     assert applied.peak_allocated_bytes == fresh.peak_allocated_bytes
     assert applied.breakdown == fresh.breakdown
+
+
+def test_offloaded_optimizer_resumes_with_its_learning_rate_and_takes_groups():
+    from memfit.offload import CpuOffloadOptimizer
+
+    model = tiny_gpt2()
+    opt = CpuOffloadOptimizer(model.parameters(), lambda g: torch.optim.AdamW(g, lr=1.0))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)
+    for _ in range(3):
+        model(**batch()).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+    saved = opt.state_dict()
+    assert saved["param_groups"][0]["lr"] == pytest.approx(1e-3)
+    fresh = CpuOffloadOptimizer(model.parameters(), lambda g: torch.optim.AdamW(g, lr=1.0))
+    fresh.load_state_dict(saved)
+    assert fresh.param_groups[0]["lr"] == pytest.approx(1e-3)  # not the initial 1.0
+    # Parameter groups keep their options.
+    decay = [p for n, p in model.named_parameters() if p.dim() > 1]
+    rest = [p for n, p in model.named_parameters() if p.dim() <= 1]
+    grouped = CpuOffloadOptimizer(
+        [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+        lambda g: torch.optim.AdamW(g, lr=1e-3),
+    )
+    assert [g["weight_decay"] for g in grouped.inner.param_groups] == [0.1, 0.0]
+
+
+def test_fp16_true_with_adam_is_refused():
+    with pytest.raises(memfit.BadInputError, match="fp16-true with adamw diverges"):
+        apply_(tiny_gpt2(), memfit.Workload(precision="fp16-true", optimizer="adamw"))
+
+
+def test_embedding_on_cpu_refuses_tied_weights():
+    with pytest.raises(memfit.BadInputError, match=r"also lm_head.weight \(tied embeddings\)"):
+        apply_(tiny_gpt2(), [EmbeddingOnCpuConfig()])  # GPT-2 ties wte and lm_head
+    with pytest.raises(memfit.BadInputError, match="tied embeddings"):
+        memfit.estimate("gpt2", memfit.Workload(seq_len=32, embedding_on_cpu=True))
+
+
+def test_lora_save_after_peft_merge_adds_the_delta_once(tmp_path):
+    pytest.importorskip("peft")
+    from peft.tuners.lora import LoraLayer
+
+    model = tiny_llama()
+    setup = apply_(model, [memfit.LoraConfig(rank=4), OptimizerConfig(name="adamw", lr=0.05)])
+    setup.step(batch())  # B != 0 now
+    b = batch(seed=5)
+    with torch.no_grad():
+        want = model(**b).logits
+    for m in model.modules():
+        if isinstance(m, LoraLayer):
+            m.merge()
+    path = str(tmp_path / "m.safetensors")
+    setup.save(path)
+    fresh = tiny_llama()
+    load_weights(fresh, path)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(**b).logits, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_second_checkpoint_policy_is_refused():
+    model = tiny_gpt2()
+    apply_(model, [CheckpointConfig()])
+    with pytest.raises(memfit.BadInputError, match="already checkpointed with another policy"):
+        apply_(model, [CheckpointConfig(policy="selective")])

@@ -156,3 +156,32 @@ def test_explain_live_without_simulation():
     # 4096 B + 10,000 B rounded up to 10,240 B = 14,336 B = 14.00 KiB alive.
     assert "out of memory with 14.00 KiB of tensors alive" in text
     assert "activations" in text and "temporaries" not in text
+
+
+def test_micro_batches_offload_and_recompute_are_phased_right():
+    """Accumulation: the second micro-batch's forward is a forward; an offloaded optimizer
+    (an optimizer stepping another) is one step; a script's checkpointed blocks recomputed in
+    backward are not taken for new models."""
+    from memfit.techniques import AccumulationConfig, CheckpointConfig, OptimizerConfig
+
+    def run(named: bool):
+        model = gpt2()
+        setup = apply_(
+            model,
+            [CheckpointConfig(), AccumulationConfig(steps=2),
+             OptimizerConfig(name="adamw", offload=True)],
+        )  # fmt: skip
+        ids = torch.randint(0, VOCAB, (4, SEQ), generator=torch.Generator().manual_seed(0))
+        with measure(model if named else None, setup.optimizer if named else None) as m:
+            for _ in range(2):
+                setup.step({"input_ids": ids, "labels": ids.clone()})
+        return m
+
+    named, script = run(True), run(False)
+    assert named.steps == script.steps == 2
+    forwards = [i for i, ph in enumerate(named.profile.timeline_phases) if ph == (0, "forward")]
+    backwards = [i for i, ph in enumerate(named.profile.timeline_phases) if ph == (0, "backward")]
+    # forward, backward, forward, backward within step 0: forward events after a backward one.
+    assert max(forwards) > min(backwards)
+    assert named.profile.peak_module == script.profile.peak_module
+    assert named.profile.by_module == script.profile.by_module

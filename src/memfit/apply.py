@@ -44,8 +44,8 @@ from memfit.train_setup import TrainSetup
 from memfit.workload import LoraConfig, Workload
 
 _ORDER = (
+    TieEmbeddingsConfig,  # before freezing: freezing a tied name freezes the shared matrix
     FreezeConfig,
-    TieEmbeddingsConfig,
     LoraConfig,
     PrecisionConfig,
     EmbeddingOnCpuConfig,
@@ -62,6 +62,7 @@ class _Build:
 
     model: torch.nn.Module
     device: torch.device
+    precision: str = "fp32"
     autocast_dtype: torch.dtype | None = None
     scaler: Any = None
     grad_accum: int = 1
@@ -135,8 +136,8 @@ def _configs(obj: Any, lr: float) -> list[TechniqueConfig]:
         if obj.best is None:
             raise BadInputError(
                 f"The plan for {obj.model!r} found nothing that fits; there is nothing to "
-                "apply. Apply its closest miss explicitly (plan.closest_miss) or allow more "
-                "techniques (--allow lora, --gpus)."
+                "apply. Apply its closest miss explicitly (plan.closest_miss.workload) or allow "
+                "more techniques (--allow lora, --allow pure-precision)."
             )
         return configs_from_workload(obj.best.workload, lr=lr)
     if isinstance(obj, Iterable) and not isinstance(obj, (str, bytes)):
@@ -156,6 +157,9 @@ def _configs(obj: Any, lr: float) -> list[TechniqueConfig]:
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
+    placed = getattr(model, _DEVICE_MARK, None)
+    if placed is not None:  # an earlier apply_ placed it (maybe with an embedding on the CPU)
+        return placed
     for p in model.parameters():
         if p.device.type != "meta":
             return p.device
@@ -194,6 +198,7 @@ def _lora(config: LoraConfig, build: _Build) -> None:
 @_apply_one.register
 def _precision(config: PrecisionConfig, build: _Build) -> None:
     p = config.precision
+    build.precision = p
     if p == "fp32":
         return
     dtype = torch.float16 if p.startswith("fp16") else torch.bfloat16
@@ -239,6 +244,12 @@ def _accumulate(config: AccumulationConfig, build: _Build) -> None:
 def _optimizer(config: OptimizerConfig, build: _Build) -> None:
     from memfit.techniques_apply import make_optimizer
 
+    if build.precision == "fp16-true" and config.name in ("adam", "adamw", "adamw-fused", "lion"):
+        raise BadInputError(
+            f"fp16-true with {config.name} diverges: the weights are fp16, Adam's eps (1e-8) is "
+            "0 in fp16 and nothing scales the loss, so the first steps give NaN. Use "
+            "fp16-mixed (fp32 weights, GradScaler), or bf16-true on a GPU with bf16."
+        )
     build.optimizer = make_optimizer(build.model, config)
     build.applied.append(f"optimizer {config.name}" + (" on CPU" if config.offload else ""))
 
@@ -247,3 +258,8 @@ def _place(build: _Build, emb: EmbeddingOnCpuConfig | None) -> None:
     from memfit.techniques_apply import move_model
 
     move_model(build.model, build.device, embedding=emb)
+    setattr(build.model, _DEVICE_MARK, build.device)
+
+
+#: Where apply_ put the model, remembered for a later apply_ without `device=`.
+_DEVICE_MARK = "_memfit_device"

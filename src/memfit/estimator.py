@@ -212,5 +212,9 @@ def estimate_from_trace(
             f"--embedding-on-cpu needs an input embedding, and {spec.name!r} has none "
             "(get_input_embeddings() returned nothing)."
         )
+    if w.embedding_on_cpu and tr.embedding_tied_to is not None:
+        from memfit.techniques_apply import tied_embedding_message
+
+        raise BadInputError(tied_embedding_message(tr.embedding_tied_to))
     attach_device_memory(est, tr.records, tr.events, alloc_conf=alloc_conf)
     return est

@@ -150,10 +150,14 @@ def _measuring(m: Measurement) -> Iterator[Measurement]:
     if m._record_history and torch.cuda.is_available():
         torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES)
     stepped = [False]
+    opt_depth = [0]  # an optimizer stepping another (CpuOffloadOptimizer) is one step
 
     def on_forward(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if tracker.phase in ("forward", "backward") and not stepped[0]:
+        if torch._C._current_autograd_node() is not None:
+            return  # a checkpointed forward recomputed in backward
+        if tracker.phase == "forward" and not stepped[0]:
             return  # an inner call, or a second forward before backward
+        # After an optimizer step: a new step. After a backward: the next micro-batch.
         if stepped[0]:
             tracker.step += 1
             stepped[0] = False
@@ -165,16 +169,20 @@ def _measuring(m: Measurement) -> Iterator[Measurement]:
         tracker.set_phase("forward")
 
     def on_step_pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        tracker.set_phase("optimizer")
+        opt_depth[0] += 1
+        if opt_depth[0] == 1:
+            tracker.set_phase("optimizer")
 
     def on_step_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        opt_depth[0] -= 1
         for state in opt.state.values():
             for v in state.values():
                 if isinstance(v, torch.Tensor):
                     tracker.mark(v, "optimizer_state")
-        tracker.set_phase("zero_grad")
-        stepped[0] = True
-        m.steps += 1
+        if opt_depth[0] == 0:
+            tracker.set_phase("zero_grad")
+            stepped[0] = True
+            m.steps += 1
 
     from torch.optim.optimizer import (
         register_optimizer_step_post_hook,
@@ -197,9 +205,9 @@ def _measuring(m: Measurement) -> Iterator[Measurement]:
 
         def outer_pre(mod: torch.nn.Module, args: tuple[Any, ...]) -> None:
             depth[0] += 1
-            if depth[0] != 1:
-                return
-            if id(mod) not in known:
+            if depth[0] != 1 or torch._C._current_autograd_node() is not None:
+                return  # inside a model, or a checkpointed block recomputed in backward
+            if id(mod) not in known and id(mod) not in tracker.named_modules():
                 # Later calls go through a hook that also sees keyword arguments (the global
                 # hook does not). For this first call, what was made since the last step and
                 # is still alive is taken as its inputs (data loading).

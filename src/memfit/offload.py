@@ -17,29 +17,44 @@ from typing import Any
 
 import torch
 
+from memfit.errors import BadInputError
+
 
 class CpuOffloadOptimizer(torch.optim.Optimizer):
-    """Run `make_inner(cpu_params)`'s updates on CPU copies of `params`.
+    """Run `make_inner(cpu_groups)`'s updates on CPU copies of the parameters.
+
+    `params` is what torch.optim takes: tensors, or dicts of parameter groups (each group's
+    options are kept; the inner optimizer gets the same groups over the CPU copies).
 
     Example:
-        >>> opt = CpuOffloadOptimizer(model.parameters(), lambda ps: torch.optim.AdamW(ps))
+        >>> opt = CpuOffloadOptimizer(model.parameters(), lambda g: torch.optim.AdamW(g))
     """
 
-    def __init__(
-        self,
-        params: Iterable[torch.nn.Parameter],
-        make_inner: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
-    ) -> None:
-        device_params = list(params)
+    def __init__(self, params: Iterable[Any], make_inner: Callable[[list[dict[str, Any]]], Any]):
+        items = list(params)
+        groups = items if items and isinstance(items[0], dict) else [{"params": items}]
+        groups = [dict(g, params=list(g["params"])) for g in groups]
         pin = torch.cuda.is_available()
-        self.cpu_params = [
-            torch.nn.Parameter(
-                torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=pin).copy_(p.detach())
-            )
-            for p in device_params
-        ]
-        self.inner = make_inner(self.cpu_params)
-        super().__init__(device_params, dict(self.inner.defaults))
+        self.cpu_params: list[torch.nn.Parameter] = []
+        cpu_groups = []
+        for g in groups:
+            copies = []
+            for p in g["params"]:
+                if _is_dtensor(p):
+                    raise BadInputError(
+                        "Optimizer offload does not take FSDP-sharded parameters: use FSDP2's "
+                        "own CPUOffloadPolicy (fully_shard(..., offload_policy=...)) instead."
+                    )
+                cpu = torch.empty(p.shape, dtype=p.dtype, device="cpu", pin_memory=pin)
+                copies.append(torch.nn.Parameter(cpu.copy_(p.detach())))
+            self.cpu_params += copies
+            cpu_groups.append(dict(g, params=copies))
+        self.inner: torch.optim.Optimizer = make_inner(cpu_groups)
+        super().__init__(groups, dict(self.inner.defaults))
+
+    def _sync_options(self, src: list[dict[str, Any]], dst: list[dict[str, Any]]) -> None:
+        for a, b in zip(src, dst, strict=True):
+            b.update({k: v for k, v in a.items() if k != "params"})
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -49,8 +64,8 @@ class CpuOffloadOptimizer(torch.optim.Optimizer):
             c.grad = None if p.grad is None else p.grad.to("cpu", non_blocking=True)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        for g_out, g_in in zip(self.param_groups, self.inner.param_groups, strict=True):
-            g_in["lr"] = g_out["lr"]  # an LR scheduler drives the outer groups
+        # A scheduler drives the outer groups' options (lr, ...); the inner groups follow.
+        self._sync_options(self.param_groups, self.inner.param_groups)
         self.inner.step()
         for p, c in zip(device_params, self.cpu_params, strict=True):
             if c.grad is not None:
@@ -59,7 +74,15 @@ class CpuOffloadOptimizer(torch.optim.Optimizer):
         return loss
 
     def state_dict(self) -> dict[str, Any]:
+        self._sync_options(self.param_groups, self.inner.param_groups)
         return self.inner.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.inner.load_state_dict(state_dict)
+        self._sync_options(self.inner.param_groups, self.param_groups)
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)

@@ -204,6 +204,12 @@ def move_model(
     """
     emb = _embedding_module(model, embedding) if embedding is not None else None
     on_cpu = set(map(id, emb.modules())) if emb is not None else set()
+    if emb is not None:
+        from memfit.techniques_trace import shared_outside
+
+        shared = shared_outside(model, emb)
+        if shared is not None:
+            raise BadInputError(tied_embedding_message(shared))
     for mod in model.modules():
         here = torch.device("cpu") if id(mod) in on_cpu else device
         for p in mod._parameters.values():
@@ -216,6 +222,14 @@ def move_model(
         emb.register_forward_pre_hook(_inputs_to_cpu)
         emb.register_forward_hook(_output_to(device))
         setattr(emb, _ON_CPU_MARK, True)
+
+
+def tied_embedding_message(shared: str) -> str:
+    return (
+        f"The input embedding's weight is also {shared} (tied embeddings): it cannot stay on "
+        "the CPU while the output projection runs on the GPU. Untie them, or keep the "
+        "embedding on the GPU."
+    )
 
 
 def _embedding_module(model: torch.nn.Module, cfg: EmbeddingOnCpuConfig) -> torch.nn.Module:

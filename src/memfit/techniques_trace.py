@@ -20,10 +20,10 @@ from memfit.workload import Workload
 
 def prepare_model(model: torch.nn.Module, w: Workload, spec: ModelSpec) -> torch.nn.Module:
     """Freeze what the workload freezes and add LoRA adapters (through peft)."""
+    if w.tie_embeddings:  # first, as apply_ does: freezing a tied name freezes the matrix
+        tie_embeddings(model, spec.name)
     if w.freeze:
         freeze(model, w.freeze, spec.name)
-    if w.tie_embeddings:
-        tie_embeddings(model, spec.name)
     if w.lora is not None:
         model = _add_lora(model, w, spec)
     return model
@@ -60,6 +60,27 @@ def tie_embeddings(model: torch.nn.Module, name: str) -> None:
             f"{tuple(out.weight.shape)} differ in shape."
         )
     out.weight = inp.weight
+
+
+def shared_outside(model: torch.nn.Module, module: torch.nn.Module) -> str | None:
+    """The name of a parameter outside `module` that is one of `module`'s parameters (tied
+    embeddings: the output projection's weight is the input embedding's), or None."""
+    inside = set(map(id, module.modules()))
+    table = {id(p) for p in module.parameters()}
+    for name, mod in model.named_modules():
+        if id(mod) in inside:
+            continue
+        for pname, p in mod.named_parameters(recurse=False):
+            if id(p) in table:
+                return f"{name}.{pname}" if name else pname
+    return None
+
+
+def embedding_tied_to(model: torch.nn.Module) -> str | None:
+    """Where the input embedding's weight is shared outside it (e.g. "lm_head.weight")."""
+    get_in = getattr(model, "get_input_embeddings", None)
+    inp = get_in() if callable(get_in) else None
+    return shared_outside(model, inp) if isinstance(inp, torch.nn.Module) else None
 
 
 def input_embedding_path(model: torch.nn.Module) -> str | None:
@@ -149,6 +170,11 @@ def checkpoint_blocks(
     for path in block_paths:
         block = model.get_submodule(path)
         if getattr(block.forward, "_memfit_checkpointed", False):
+            if getattr(block.forward, "_memfit_save_ops", None) != save_ops:
+                raise BadInputError(
+                    f"Block {path!r} is already checkpointed with another policy; start from "
+                    "the unwrapped model to change full/selective checkpointing."
+                )
             continue
         # A partial over the block (not a closure over its bound forward): a deep copy of the
         # model (memfit.estimate copies a module it is given) then wraps the copied block.
@@ -156,6 +182,7 @@ def checkpoint_blocks(
             _checkpointed_forward, block, path, block.__dict__.get("forward"), save_ops
         )
         wrapped._memfit_checkpointed = True  # type: ignore[attr-defined]
+        wrapped._memfit_save_ops = save_ops  # type: ignore[attr-defined]
         block.forward = wrapped
         wrapped_now += 1
     return wrapped_now

@@ -50,6 +50,8 @@ class Trace:
     block_paths: list[str]
     attention_backends: list[str]
     embedding_path: str | None = None
+    #: A parameter outside the input embedding that shares its weight (tied), or None.
+    embedding_tied_to: str | None = None
     flops: dict[tuple[int, str, int], int] = field(default_factory=dict)
     block_parameter_count: int = 0
     block_trainable_parameter_count: int = 0
@@ -188,7 +190,7 @@ def _loss(spec: ModelSpec, out: Any, batch: Any) -> torch.Tensor:
 def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, *,
               num_layers: int | None = None) -> Trace:  # fmt: skip
     """Build the model, trace `w.steps` steps, and return the event stream."""
-    from memfit.techniques_trace import input_embedding_path, prepare_model
+    from memfit.techniques_trace import embedding_tied_to, input_embedding_path, prepare_model
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     low = _DTYPES[w.compute_dtype_name]
@@ -299,6 +301,7 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
         attention_backends=tracker.attention_backends,
         flops=tracker.flops,
         embedding_path=input_embedding_path(model),
+        embedding_tied_to=embedding_tied_to(model),
         block_parameter_count=_block_params(model, blocks, trainable_only=False),
         block_trainable_parameter_count=_block_params(model, blocks, trainable_only=True),
         module_types={n: type(m).__name__ for n, m in model.named_modules()},

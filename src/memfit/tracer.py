@@ -160,6 +160,10 @@ class Tracker(TorchDispatchMode):
             self._owner[id(mod)] = owner
             self._owner_by_name[name] = owner
 
+    def named_modules(self) -> dict[int, str]:
+        """id(module) -> path, for the modules of the models added so far."""
+        return self._names
+
     def owner_of_path(self, path: str) -> int:
         """Index of the repeated block that module `path` belongs to, or -1."""
         return self._owner_by_name.get(path, -1)

@@ -80,27 +80,35 @@ class TrainSetup:
         m: Any = self.model
         if hasattr(m, "set_requires_gradient_sync"):  # FSDP2
             m.set_requires_gradient_sync(last)
-            yield
+            try:
+                yield
+            finally:  # an exception must not leave the next backward unsynchronised
+                m.set_requires_gradient_sync(True)
         elif not last and hasattr(m, "no_sync"):  # DDP, FSDP1
             with m.no_sync():
                 yield
         else:
             yield
 
-    def split(self, batch: Any) -> list[MicroBatch]:
-        """The batch as `grad_accum` micro-batches along dim 0, moved to the device.
+    def split(self, batch: Any) -> Iterator[MicroBatch]:
+        """The batch as `grad_accum` micro-batches along dim 0, each moved to the device when
+        it is reached (the device holds one micro-batch of inputs at a time).
 
-        Tensors whose first dimension is the batch size are split; others are passed whole.
-        Sizes differ by at most one when the batch does not divide evenly; weights follow.
+        The batch size is the most common first dimension among the batch's tensors (a
+        (1, S) `position_ids` is passed whole); tensors of that first dimension are split,
+        others are passed whole. Sizes differ by at most one when the batch does not divide
+        evenly; weights follow. The weights are shares of samples: with a loss averaged over
+        tokens and padded labels (-100), micro-batches with more padding weigh a little more
+        than in one big batch.
         """
         leaves, spec = pytree.tree_flatten(batch)
-        sized = [t for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0]
-        if not sized:
+        dims = [t.shape[0] for t in leaves if isinstance(t, torch.Tensor) and t.dim() > 0]
+        if not dims:
             raise BadInputError(
                 f"Cannot split a batch of type {type(batch).__name__}: it holds no tensor with "
                 "a batch dimension. Pass a tensor, or a dict/tuple of tensors."
             )
-        n = sized[0].shape[0]
+        n = max(set(dims), key=lambda d: (dims.count(d), d))
         k = self.grad_accum
         if k > n:
             raise BadInputError(
@@ -112,7 +120,6 @@ class TrainSetup:
             and t.shape[0] == n else None
             for t in leaves
         ]  # fmt: skip
-        out = []
         for i in range(k):
             parts = [
                 (p[i] if p is not None else t).to(self.device)
@@ -120,8 +127,7 @@ class TrainSetup:
                 for t, p in zip(leaves, pieces, strict=True)
             ]  # fmt: skip
             size = next(p[i].shape[0] for p in pieces if p is not None)
-            out.append(MicroBatch(data=pytree.tree_unflatten(parts, spec), weight=size / n))
-        return out
+            yield MicroBatch(data=pytree.tree_unflatten(parts, spec), weight=size / n)
 
     def backward(self, loss: torch.Tensor) -> None:
         """loss.backward(), through the GradScaler when there is one."""
@@ -155,16 +161,16 @@ class TrainSetup:
                 the output's `.loss` (HF models given labels) or the output itself when it is
                 a scalar.
         """
-        micro = self.split(batch)
         loss_fn = loss_fn or self.loss_fn
         total = 0.0
-        for i, mb in enumerate(micro):
-            with self.accumulate(last=i == len(micro) - 1):
+        k = self.grad_accum
+        for i, mb in enumerate(self.split(batch)):
+            with self.accumulate(last=i == k - 1):
                 with self.autocast():
                     out = call_model(self.model, mb.data)
                     loss = _loss(out, mb.data, loss_fn)
                     del out
-                weighted = loss * mb.weight if len(micro) > 1 else loss
+                weighted = loss * mb.weight if k > 1 else loss
                 self.backward(weighted)
                 total += float(loss.detach()) * mb.weight
                 del loss, weighted
@@ -198,6 +204,10 @@ def _loss(out: Any, batch: Any, loss_fn: Callable[[Any, Any], torch.Tensor] | No
         loss = out.get("loss")
     if loss is None and isinstance(out, torch.Tensor) and out.dim() == 0:
         loss = out
+    if loss is None and isinstance(out, (tuple, list)) and out:  # HF return_dict=False
+        first = out[0]
+        if isinstance(first, torch.Tensor) and first.dim() == 0:
+            loss = first
     if not isinstance(loss, torch.Tensor):
         raise BadInputError(
             f"The model returned {type(out).__name__} with no loss. Pass labels in the batch "

@@ -34,8 +34,12 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     for path, layer in lora_layers.items():
         key = f"{path}.weight"
         merged = layer.get_base_layer().weight.detach().clone()
+        if getattr(layer, "disable_adapters", False):
+            out[key] = merged  # adapters switched off: the model runs the base weight
+            continue
+        already = set(getattr(layer, "merged_adapters", ()))  # peft's merge() added these
         for adapter in layer.active_adapters:
-            if adapter in layer.lora_A:
+            if adapter in layer.lora_A and adapter not in already:
                 merged += layer.get_delta_weight(adapter).to(merged.dtype)
         out[key] = merged
     return out
@@ -46,6 +50,9 @@ def save_weights(model: torch.nn.Module, path: str) -> None:
     from safetensors.torch import save_file
 
     state = merged_state_dict(model)
+    state, is_writer = _gathered(model, state)
+    if not is_writer:
+        return
     kept: dict[tuple[Any, ...], str] = {}
     aliases: dict[str, str] = {}
     tensors: dict[str, torch.Tensor] = {}
@@ -57,6 +64,21 @@ def save_weights(model: torch.nn.Module, path: str) -> None:
         kept[ident] = key
         tensors[key] = t.detach().to("cpu").contiguous()
     save_file(tensors, path, metadata=aliases or None)
+
+
+def _gathered(
+    model: torch.nn.Module, state: dict[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], bool]:
+    """Under FSDP2 the state dict holds shards (DTensors): gather the full tensors to the CPU of
+    rank 0, which alone writes the file."""
+    from torch.distributed.tensor import DTensor
+
+    if not any(isinstance(t, DTensor) for t in state.values()):
+        return state, True
+    import torch.distributed as dist
+
+    full = {k: (t.full_tensor() if isinstance(t, DTensor) else t).cpu() for k, t in state.items()}
+    return full, dist.get_rank() == 0
 
 
 def load_weights(model: torch.nn.Module, path: str) -> None:
