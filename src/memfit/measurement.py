@@ -50,7 +50,7 @@ class _LiveTracker(Tracker):
 
     def _track(self, t: torch.Tensor, **kwargs: Any) -> None:
         super()._track(t, **kwargs)
-        sid = self._live.get(id(t.untyped_storage()))
+        sid = self.sid_of(t)
         if sid is not None and sid not in self.device_types:
             self.device_types[sid] = t.device.type
 
@@ -172,6 +172,12 @@ def _measuring(m: Measurement) -> Iterator[Measurement]:
         opt_depth[0] += 1
         if opt_depth[0] == 1:
             tracker.set_phase("optimizer")
+        # Gradients set without AccumulateGrad (FSDP2's reduce-scattered shards) are found
+        # here, where the optimizer reads them.
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if isinstance(p, torch.Tensor) and p.grad is not None:
+                    tracker.mark(p.grad, "gradients")
 
     def on_step_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         opt_depth[0] -= 1

@@ -165,7 +165,7 @@ def make_optimizer(model: torch.nn.Module, config: OptimizerConfig) -> torch.opt
     return _optimizer(params, config)
 
 
-def _optimizer(params: list[torch.nn.Parameter], config: OptimizerConfig) -> torch.optim.Optimizer:
+def _optimizer(params: list[Any], config: OptimizerConfig) -> torch.optim.Optimizer:
     name, lr, wd = config.name, config.lr, config.weight_decay
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, weight_decay=wd)

@@ -32,6 +32,7 @@ an optimizer allocation becomes optimizer state when it is found in `optimizer.s
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -72,6 +73,15 @@ SCALAR_CONSTANT_OPS = frozenset({"lift_fresh.default", "lift_fresh_copy.default"
 CUDA_BLOCK_ROUNDING = 512
 
 META_KEY = "memfit"
+
+
+def memory_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose storage holds `t`'s memory: a DTensor's local shard (FSDP2, tensor
+    parallel), else `t`. A DTensor is a wrapper without memory of its own."""
+    dt = sys.modules.get("torch.distributed.tensor")
+    if dt is not None and isinstance(t, dt.DTensor):
+        return t._local_tensor
+    return t
 
 
 def cuda_block_size(nbytes: int) -> int:
@@ -212,7 +222,7 @@ class Tracker(TorchDispatchMode):
         `owner`, when given, is the block its free belongs to outside forward and backward:
         a gradient is released with its parameter, whichever block's backward allocated it.
         """
-        sid = self._live.get(id(tensor.untyped_storage()))
+        sid = self._live.get(id(memory_tensor(tensor).untyped_storage()))
         if sid is None:
             return
         rec = self.records[sid]
@@ -222,7 +232,7 @@ class Tracker(TorchDispatchMode):
             self._free_owner[sid] = owner
 
     def sid_of(self, tensor: torch.Tensor) -> int | None:
-        return self._live.get(id(tensor.untyped_storage()))
+        return self._live.get(id(memory_tensor(tensor).untyped_storage()))
 
     # -- dispatch ---------------------------------------------------------------------------
 
@@ -303,6 +313,7 @@ class Tracker(TorchDispatchMode):
         module: str | None = None,
         owner: int = -1,
     ) -> None:
+        t = memory_tensor(t)
         storage = t.untyped_storage()
         key = id(storage)
         if key in self._live:

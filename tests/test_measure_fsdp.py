@@ -1,0 +1,68 @@
+"""`apply_` with FSDP2 over two CPU processes (gloo), measured with `memfit.measure`: each rank
+holds its shard of the parameters and of the optimizer state, to the byte."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+import transformers
+
+from memfit.tracer import cuda_block_size
+
+WORLD = 2
+
+
+def gpt2() -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=32,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    return transformers.GPT2LMHeadModel._from_config(cfg, attn_implementation="eager")
+
+
+def _worker(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    import memfit
+    from memfit.techniques import FSDPConfig, OptimizerConfig
+
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=WORLD, init_method=f"tcp://127.0.0.1:{port}"
+    )
+    try:
+        model = gpt2()
+        setup = memfit.apply_(model, [FSDPConfig(), OptimizerConfig(name="adamw")])
+        ids = torch.randint(0, 64, (4, 32), generator=torch.Generator().manual_seed(rank))
+        with memfit.measure(model, setup.optimizer) as m:
+            for _ in range(2):
+                setup.step({"input_ids": ids, "labels": ids.clone()})
+        assert m.profile is not None
+        Path(out, f"{rank}.json").write_text(json.dumps(m.profile.breakdown))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_ranks_hold_their_shards(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_worker, args=(port, str(tmp_path)), nprocs=WORLD)
+    params = list(gpt2().parameters())  # GPT-2 ties wte and lm_head: counted once
+    # FSDP2 shards each parameter on dim 0 in WORLD chunks, padded to the first chunk's size.
+    shard = sum(
+        cuda_block_size(math.ceil(p.shape[0] / WORLD) * (p.numel() // p.shape[0]) * 4)
+        for p in params
+    )
+    for rank in range(WORLD):
+        got = json.loads(Path(tmp_path, f"{rank}.json").read_text())
+        if rank == 0:  # the first chunk is full; the last rank's may be shorter
+            assert got["parameters"] == shard
+        assert got["parameters"] <= shard
+        # AdamW: two moments per shard, plus a step counter per parameter (a tensor on CPU).
+        assert got["optimizer_state"] == 2 * got["parameters"] + 512 * len(params)
