@@ -200,3 +200,14 @@ def test_hf_module_passed_in_infers_its_task():
     assert est.parameter_count == sum(p.numel() for p in model.parameters())
     # The user's model is not modified: its parameters stay on the meta device.
     assert all(p.device.type == "meta" for p in model.parameters())
+
+
+def test_estimate_over_gpus_shards_parameters():
+    """--gpus 4: the per-rank parameters are a quarter of the model's (FSDP2 shards, padded)."""
+    import json as _json
+
+    one = _json.loads(run("estimate", "gpt2", "--seq", "64", "--json").stdout)
+    four = _json.loads(run("estimate", "gpt2", "--seq", "64", "--gpus", "4", "--json").stdout)
+    ratio = four["breakdown"]["parameters"] / one["breakdown"]["parameters"]
+    assert 0.249 < ratio < 0.252
+    assert "FSDP over 4 GPUs" in four["workload"]["techniques"]

@@ -1,5 +1,6 @@
 """`apply_` with FSDP2 over two CPU processes (gloo), measured with `memfit.measure`: each rank
-holds its shard of the parameters and of the optimizer state, to the byte."""
+holds its shard of the parameters and of the optimizer state, to the byte; and memfit's
+estimate for 2 GPUs (FSDP2 traced over a fake process group) gives rank 0's peak."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import socket
 from pathlib import Path
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 import transformers
@@ -43,16 +45,25 @@ def _worker(rank: int, port: int, out: str) -> None:
             for _ in range(2):
                 setup.step({"input_ids": ids, "labels": ids.clone()})
         assert m.profile is not None
-        Path(out, f"{rank}.json").write_text(json.dumps(m.profile.breakdown))
+        result = dict(m.profile.breakdown, peak=m.profile.peak_allocated_bytes)
+        Path(out, f"{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
 
 
-def test_fsdp2_ranks_hold_their_shards(tmp_path):
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    """Two ranks trained and measured once for the tests below: one JSON per rank."""
+    out = tmp_path_factory.mktemp("fsdp")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_worker, args=(port, str(tmp_path)), nprocs=WORLD)
+    mp.spawn(_worker, args=(port, str(out)), nprocs=WORLD)
+    return out
+
+
+def test_fsdp2_ranks_hold_their_shards(measured):
+    tmp_path = measured
     params = list(gpt2().parameters())  # GPT-2 ties wte and lm_head: counted once
     # FSDP2 shards each parameter on dim 0 in WORLD chunks, padded to the first chunk's size.
     shard = sum(
@@ -66,3 +77,18 @@ def test_fsdp2_ranks_hold_their_shards(tmp_path):
         assert got["parameters"] <= shard
         # AdamW: two moments per shard, plus a step counter per parameter (a tensor on CPU).
         assert got["optimizer_state"] == 2 * got["parameters"] + 512 * len(params)
+
+
+def test_estimate_for_two_gpus_equals_a_measured_rank(measured):
+    import memfit
+
+    got = json.loads(Path(measured, "0.json").read_text())
+    w = memfit.Workload(batch_size=4, seq_len=32, attention="eager", gpus=WORLD)
+    est = memfit.estimate(gpt2(), w).profile
+    n_params = len(list(gpt2().parameters()))
+    # On CUDA, foreach AdamW's step counters are host memory (left out of the estimate); on
+    # the CPU they are 512-byte tensors like the rest. The estimate adds the cuBLAS workspace.
+    counters = 512 * n_params
+    assert got["parameters"] == est.breakdown["parameters"]
+    assert got["optimizer_state"] - counters == est.breakdown["optimizer_state"]
+    assert got["peak"] - counters == est.peak_allocated_bytes - est.breakdown["workspaces"]

@@ -88,7 +88,7 @@ def test_nothing_fits_exit_1_with_suggestions():
         (["--seq", "4096"], "1024"),
         (["--allow", "lora", "--forbid", "lora"], "both allowed and forbidden"),
         (["--allow", "lorra"], "lora"),
-        (["--gpus", "4"], "not modelled yet"),
+        (["--gpus", "3"], "must split evenly over --gpus 3"),
         (["--precision", "fp8"], "fp8"),
     ],
 )
@@ -136,3 +136,21 @@ def test_optimizer_is_kept_when_it_fits():
     when AdamW fits, the plan keeps it."""
     p = plan("gpt2", gpu="a100-80gb", goal=Goal(global_batch=4, seq_len=128))
     assert p.best is not None and p.best.workload.optimizer in ("adamw", "adamw-fused")
+
+
+def test_plan_over_two_gpus_shards_with_fsdp():
+    """--gpus 2: the global batch is split over the ranks, the model sharded (FSDP2 traced over
+    a fake process group); the recommendation's estimate is that of one rank."""
+    p = plan("gpt2", gpu="t4", goal=Goal(global_batch=8, seq_len=256), n_gpus=2,
+             forbid=("adafactor",))  # fmt: skip
+    assert p.best is not None
+    w = p.best.workload
+    assert w.gpus == 2 and w.batch_size * w.grad_accum == 4
+    one = plan("gpt2", gpu="t4", goal=Goal(global_batch=4, seq_len=256), forbid=("adafactor",))
+    assert one.best is not None
+    # gpt2 in fp32: 124,439,808 parameters; each rank holds about half.
+    shard = p.best.estimate.profile.breakdown["parameters"]
+    assert 0.49 < shard / one.best.estimate.profile.breakdown["parameters"] < 0.51
+    est = memfit.estimate("gpt2", w, gpu="t4")
+    assert est.profile.peak_allocated_bytes == p.best.estimate.profile.peak_allocated_bytes
+    assert "FSDP over 2 GPUs" in w.techniques()

@@ -41,3 +41,17 @@ def test_bad_values_quote_the_value(kwargs, quoted):
 def test_lora_rank_positive():
     with pytest.raises(BadInputError):
         LoraConfig(rank=0)
+
+
+def test_gpus_validation_and_fsdp_config():
+    import pytest
+
+    from memfit import BadInputError, Workload
+    from memfit.techniques import FSDPConfig, configs_from_workload
+
+    with pytest.raises(BadInputError, match="--gpus"):
+        Workload(gpus=0)
+    with pytest.raises(BadInputError, match="CPUOffloadPolicy"):
+        Workload(gpus=2, offload_optimizer=True)
+    assert FSDPConfig() in configs_from_workload(Workload(gpus=4))
+    assert "FSDP over 4 GPUs" in Workload(gpus=4).techniques()

@@ -86,6 +86,10 @@ def estimate(
     tie_embeddings: Annotated[
         bool, typer.Option("--tie-embeddings", help="Share input and output embeddings.")
     ] = False,
+    gpus: Annotated[
+        int,
+        typer.Option(help="Data-parallel GPUs: above 1, FSDP2 shards the model (per rank)."),
+    ] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report.")] = False,
     timeline: Annotated[
         Path | None, typer.Option(help="Write the memory timeline to this .png or .html.")
@@ -120,6 +124,7 @@ def estimate(
             offload_optimizer=offload_optimizer,
             embedding_on_cpu=embedding_on_cpu,
             tie_embeddings=tie_embeddings,
+            gpus=gpus,
         )
         from memfit.cli_measure import check_timeline_path
         from memfit.estimator import estimate as run_estimate
@@ -158,7 +163,9 @@ def plan(
     ] = 8,
     seq: Annotated[int | None, typer.Option(help="Tokens per sample (kept).")] = None,
     image_size: Annotated[int | None, typer.Option("--image-size")] = None,
-    gpus: Annotated[int, typer.Option(help="Number of GPUs (sharding: not modelled yet).")] = 1,
+    gpus: Annotated[
+        int, typer.Option(help="Data-parallel GPUs: FSDP2 shards the model over them.")
+    ] = 1,
     precision: Annotated[
         str | None, typer.Option(help="Keep this precision (default: the planner chooses).")
     ] = None,

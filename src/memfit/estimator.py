@@ -216,5 +216,5 @@ def estimate_from_trace(
         from memfit.techniques_apply import tied_embedding_message
 
         raise BadInputError(tied_embedding_message(tr.embedding_tied_to))
-    attach_device_memory(est, tr.records, tr.events, alloc_conf=alloc_conf)
+    attach_device_memory(est, tr.records, tr.events, alloc_conf=alloc_conf, n_gpus=w.gpus)
     return est

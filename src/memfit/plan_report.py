@@ -30,9 +30,17 @@ def apply_code(c: Candidate, model: str, gpu: str) -> str:
     for flag in ("offload_optimizer", "embedding_on_cpu", "tie_embeddings"):
         if getattr(w, flag):
             fields.append(f"{flag}=True")
-    head = f"import memfit\nworkload = memfit.Workload({', '.join(fields)})\n"
+    head = ""
+    if w.gpus > 1:
+        fields.append(f"gpus={w.gpus}")
+        head = (
+            f"# launch: torchrun --nproc-per-node {w.gpus} train.py; in it, before apply_:\n"
+            "# torch.distributed.init_process_group(); torch.cuda.set_device(local_rank)\n"
+        )
+    head += f"import memfit\nworkload = memfit.Workload({', '.join(fields)})\n"
+    device = ', device="cuda"' if w.gpus > 1 else ""
     return head + (
-        "setup = memfit.apply_(model, workload)  # model: your nn.Module, changed in place\n"
+        f"setup = memfit.apply_(model, workload{device})  # your nn.Module, changed in place\n"
         "for batch in loader:\n"
         "    loss = setup.step(batch)  # micro-batches, autocast, optimizer step; a float"
     )

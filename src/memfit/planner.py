@@ -33,7 +33,7 @@ from typing import Any
 
 from memfit.cost import StepCost, StepWork, step_cost
 from memfit.device import FIT_MARGIN_FRACTION
-from memfit.errors import BadInputError, closest
+from memfit.errors import BadInputError, TraceError, closest
 from memfit.estimator import Estimate, estimate_from_trace, trace_spec
 from memfit.sources import ModelSpec, resolve_model
 from memfit.trace import Trace
@@ -248,16 +248,23 @@ def work_of(est: Estimate) -> StepWork:
         cpu_embedding_bytes_per_step=2 * rec["embedding_output"] * w.grad_accum
         if w.embedding_on_cpu
         else 0,
+        n_gpus=w.gpus,
+        # FSDP2 all-gathers each shard in every micro-batch's forward and backward and
+        # reduce-scatters the gradients once: each GPU receives (N - 1) shards each time.
+        sharded_bytes_per_step=(2 * w.grad_accum + 1) * rec["parameters"] * (w.gpus - 1),
     )
 
 
 class _Search:
-    def __init__(self, spec: ModelSpec, goal: Goal, gpu: Any) -> None:
+    def __init__(self, spec: ModelSpec, goal: Goal, gpu: Any, n_gpus: int = 1) -> None:
         self.spec = spec
         self.goal = goal
         self.gpu = gpu
+        self.n_gpus = n_gpus
+        self.per_gpu = goal.global_batch // n_gpus  # samples per GPU per step
         self.traces: dict[tuple[_Shape, int], tuple[Trace, int, bool]] = {}
         self.candidates: list[Candidate] = []
+        self.untraceable: dict[_Shape, str] = {}
 
     def workload(self, shape: _Shape, mb: int, offload: bool, emb: bool) -> Workload:
         return Workload(
@@ -266,7 +273,8 @@ class _Search:
             image_size=self.goal.image_size,
             precision=shape.precision,
             optimizer=shape.optimizer,
-            grad_accum=self.goal.global_batch // mb,
+            grad_accum=self.per_gpu // mb,
+            gpus=self.n_gpus,
             checkpointing=shape.checkpointing,
             lora=LoraConfig(rank=PLAN_LORA_RANK) if shape.lora else None,
             tie_embeddings=shape.tied,
@@ -280,10 +288,18 @@ class _Search:
     ]:  # fmt: skip
         key = (shape, mb)
         base = self.workload(shape, mb, False, False)
+        if shape in self.untraceable:
+            return []
         if key not in self.traces:
-            self.traces[key] = trace_spec(
-                self.spec, base, self.gpu.compute_capability, verify=False
-            )
+            try:
+                self.traces[key] = trace_spec(
+                    self.spec, base, self.gpu.compute_capability, verify=False
+                )
+            except TraceError as e:
+                # This combination cannot run (e.g. Adafactor's factored state on FSDP2
+                # shards): it is not a candidate; the others still are.
+                self.untraceable[shape] = str(e).splitlines()[0]
+                return []
         tr, n_blocks, replayed = self.traces[key]
         out: list[Candidate] = []
         # Placements only move memory to the CPU, at a cost: when everything on the GPU fits,
@@ -328,10 +344,10 @@ def plan(
     from memfit.gpus import get_gpu
 
     t0 = time.perf_counter()
-    if n_gpus != 1:
+    if n_gpus < 1 or goal.global_batch % n_gpus:
         raise BadInputError(
-            f"Planning over {n_gpus} GPUs (FSDP/ZeRO sharding) is not modelled yet; plan for one "
-            "GPU (--gpus 1) and divide the global batch by the number of data-parallel GPUs."
+            f"The global batch ({goal.global_batch}) must split evenly over --gpus {n_gpus}: "
+            f"give a multiple of {n_gpus}."
         )
     gpu_obj = get_gpu(gpu)
     allowed = _allowed(allow, forbid)
@@ -341,9 +357,11 @@ def plan(
             f"Sequence length {goal.seq_len} is longer than {spec.name!r} supports "
             f"({spec.max_positions} positions)."
         )
-    search = _Search(spec, goal, gpu_obj)
-    placements = _placements(allowed)
-    micro = _divisors(goal.global_batch) if "micro-batch" in allowed else [goal.global_batch]
+    search = _Search(spec, goal, gpu_obj, n_gpus)
+    # FSDP2 has its own CPU offload; memfit models neither placement with sharding.
+    placements = _placements(allowed) if n_gpus == 1 else [(False, False)]
+    per_gpu = search.per_gpu
+    micro = _divisors(per_gpu) if "micro-batch" in allowed else [per_gpu]
     failed: list[_Shape] = []
     best_seconds = float("inf")
     shapes = _shapes(goal, allowed, gpu_obj, spec)
@@ -351,7 +369,9 @@ def plan(
     # fit rules out every heavier one before any of them is traced.
     lightest = [s for s in shapes if not any(_heavier(s, t) and s != t for t in shapes)]
     for shape in lightest:
-        if not any(c.fits for c in search.evaluate(shape, micro[0], placements)):
+        probe = search.evaluate(shape, micro[0], placements)
+        # An untraceable shape (no candidates) rules out nothing heavier.
+        if probe and not any(c.fits for c in probe):
             failed.append(shape)
     for shape in shapes:
         if any(_heavier(shape, f) for f in failed):
@@ -376,7 +396,7 @@ def plan(
                 best_seconds = min(best_seconds, *fit)
             else:
                 hi = mid - 1
-        if best_i < 0 and micro[0] == 1:
+        if best_i < 0 and micro[0] == 1 and shape not in search.untraceable:
             failed.append(shape)
     fitting = [c for c in search.candidates if c.fits]
     best = min(fitting, key=lambda c: _preference(c, goal)) if fitting else None
@@ -385,7 +405,7 @@ def plan(
         fitting.append(best)
     if best is not None:
         best = _confirm(spec, best, gpu_obj, task)
-    baseline = _baseline(search, goal)
+    baseline = _baseline(search, per_gpu, goal)
     same_optimizer = [
         c for c in fitting if best is None or _preference(c, goal)[0] == _preference(best, goal)[0]
     ]
@@ -487,13 +507,13 @@ def _confirm(spec: ModelSpec, cand: Candidate, gpu: Any, task: str | None) -> Ca
                      cost=step_cost(work_of(est), gpu, tf32=False))  # fmt: skip
 
 
-def _baseline(search: _Search, goal: Goal) -> Candidate | None:
+def _baseline(search: _Search, per_gpu: int, goal: Goal) -> Candidate | None:
     """The plain configuration (whole batch at once, the goal's or AdamW optimizer, no
     techniques), when the search estimated it: what dominated memory before the plan."""
     for c in search.candidates:
         w = c.workload
         if (
-            w.batch_size == goal.global_batch
+            w.batch_size == per_gpu
             and w.optimizer == (goal.optimizer or "adamw")
             and w.checkpointing == "off"
             and not w.offload_optimizer

@@ -179,6 +179,8 @@ def configs_from_workload(w: Workload, *, lr: float = 1e-3) -> list[TechniqueCon
         out.append(EmbeddingOnCpuConfig())
     if w.checkpointing != "off":
         out.append(CheckpointConfig(first=w.checkpoint_first))
+    if w.gpus > 1:
+        out.append(FSDPConfig())
     if w.grad_accum > 1:
         out.append(AccumulationConfig(steps=w.grad_accum))
     if w.training and w.optimizer != "none":

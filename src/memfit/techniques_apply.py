@@ -128,8 +128,12 @@ def checkpoint_model(model: torch.nn.Module, config: CheckpointConfig) -> int:
     return len(blocks)
 
 
-def shard_model(model: torch.nn.Module, config: FSDPConfig) -> None:
-    """FSDP2 `fully_shard` on each repeated block, then on the root (once)."""
+def shard_model(model: torch.nn.Module, config: FSDPConfig, *, mesh: Any = None) -> None:
+    """FSDP2 `fully_shard` on each repeated block, then on the root (once).
+
+    `mesh` is the device mesh (default: FSDP2's, over the default process group); the
+    estimator passes a CPU mesh over a fake process group.
+    """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
@@ -146,8 +150,8 @@ def shard_model(model: torch.nn.Module, config: FSDPConfig) -> None:
     for path in find_repeated_blocks(model):
         block = model.get_submodule(path)
         if not isinstance(block, FSDPModule):
-            fully_shard(block, reshard_after_forward=config.reshard_after_forward)
-    fully_shard(model, reshard_after_forward=config.reshard_after_forward)
+            fully_shard(block, mesh=mesh, reshard_after_forward=config.reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=config.reshard_after_forward)
 
 
 def make_optimizer(model: torch.nn.Module, config: OptimizerConfig) -> torch.optim.Optimizer:

@@ -189,7 +189,21 @@ def _loss(spec: ModelSpec, out: Any, batch: Any) -> torch.Tensor:
 
 def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, *,
               num_layers: int | None = None) -> Trace:  # fmt: skip
-    """Build the model, trace `w.steps` steps, and return the event stream."""
+    """Build the model, trace `w.steps` steps, and return the event stream.
+
+    With `w.gpus > 1` the model is sharded with FSDP2 over a fake process group (memfit.
+    fake_distributed) and the stream is that of rank 0.
+    """
+    if w.gpus == 1:
+        return _run_trace(spec, w, capability, num_layers, None)
+    from memfit.fake_distributed import fake_world
+
+    with fake_world(w.gpus) as mesh:
+        return _run_trace(spec, w, capability, num_layers, mesh)
+
+
+def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
+               num_layers: int | None, mesh: Any) -> Trace:  # fmt: skip
     from memfit.techniques_trace import embedding_tied_to, input_embedding_path, prepare_model
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -214,6 +228,12 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
             )
         chosen = blocks if w.checkpoint_first is None else blocks[: w.checkpoint_first]
         checkpoint_blocks(model, chosen)
+    if mesh is not None:
+        from memfit.techniques import FSDPConfig
+        from memfit.techniques_apply import shard_model
+
+        with fake_mode:
+            shard_model(model, FSDPConfig(), mesh=mesh)
     model.train(w.training)
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "use_cache"):
@@ -255,6 +275,7 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
         }
         optimizer.state = OwnerTrackingState(tracker, owners)  # type: ignore[assignment]
 
+    grad_owners = {id(p): owner_of_module(module_of.get(id(p), "")) for p in params}
     with fake_mode, tracker:
         for p in params:
             mod = module_of.get(id(p), "")
@@ -279,7 +300,8 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
         try:
             for step in range(w.steps):
                 with _unpacked_synthetic_inputs(spec):
-                    _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step)
+                    _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step,
+                              grad_owners)  # fmt: skip
                 if optimizer is not None:
                     for state in optimizer.state.values():
                         for key, v in state.items():
@@ -360,7 +382,8 @@ def _register_inputs(tracker: Tracker, batch: Any) -> None:
             tracker.register(t, "inputs")
 
 
-def _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step) -> None:
+def _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step,
+              grad_owners) -> None:  # fmt: skip
     for _micro in range(traced_micro_batches(w)):
         tracker.set_phase("inputs", step)
         batch = _make_batch(spec, model, w, low if w.pure_low_precision else torch.float32)
@@ -390,6 +413,11 @@ def _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step) -
     if not w.training:
         return
     tracker.set_phase("optimizer", step)
+    if w.gpus > 1:
+        # FSDP2 sets the reduce-scattered gradient shards itself, not through AccumulateGrad.
+        for p in model.parameters():
+            if p.grad is not None:
+                tracker.mark(p.grad, "gradients", owner=grad_owners.get(id(p), -1))
     if optimizer is not None:
         if scale is not None:
             grads = [
@@ -413,9 +441,12 @@ def _trace_error(e: Exception, tracker: Tracker) -> TraceError:
         "The model's code could not run on fake tensors (a data-dependent shape such as "
         "nonzero() or .item(), or a custom CUDA extension)."
     )
+    detail = str(e)
+    if len(detail) > 600:  # DTensor sharding errors print every placement
+        detail = detail[:600] + " ..."
     return TraceError(
         f"Tracing failed at op {op!r} in module {module or '<top>'!r} during "
-        f"{tracker.phase}: {type(e).__name__}: {e}\n{hint} Try --attention eager, pass an input "
-        "factory that avoids the data-dependent path, or estimate a model of the same shape "
-        "from the catalog."
+        f"{tracker.phase}: {type(e).__name__}: {detail}\n{hint} Try --attention eager, pass an "
+        "input factory that avoids the data-dependent path, or estimate a model of the same "
+        "shape from the catalog."
     )

@@ -134,6 +134,8 @@ class Tracker(TorchDispatchMode):
         self._next_sid = 0
         self._live: dict[int, int] = {}  # id(storage) -> sid
         self._finalizers: list[weakref.finalize] = []
+        self._finalized: set[int] = set()  # storages (by id) with a finalizer
+        self._resized: set[int] = set()  # storages whose memory changed by resize_
         self._stack: list[tuple[str, int]] = []
         self._region = 0
         self._region_counter = 0
@@ -318,6 +320,27 @@ class Tracker(TorchDispatchMode):
         key = id(storage)
         if key in self._live:
             return
+        host = (
+            self.optimizer_host_scalars
+            and self.phase == "optimizer"
+            and op in SCALAR_CONSTANT_OPS
+            and t.dim() == 0
+        )
+        self._new_record(storage, storage.nbytes(), op=op, category=category, module=module,
+                         owner=owner, host=host)  # fmt: skip
+
+    def _new_record(
+        self,
+        storage: Any,
+        nbytes: int,
+        *,
+        op: str,
+        category: str | None,
+        module: str | None,
+        owner: int,
+        host: bool,
+    ) -> int:
+        key = id(storage)
         sid = self._next_sid
         self._next_sid += 1
         if module is None:
@@ -331,13 +354,6 @@ class Tracker(TorchDispatchMode):
                 category = "activations"
             else:
                 category = "temporaries"
-        nbytes = storage.nbytes()
-        host = (
-            self.optimizer_host_scalars
-            and self.phase == "optimizer"
-            and op in SCALAR_CONSTANT_OPS
-            and t.dim() == 0
-        )
         if host:
             # Host scalars belong to no module (the parameter context may be stale).
             module = ""
@@ -347,9 +363,40 @@ class Tracker(TorchDispatchMode):
         self.records[sid] = rec
         self._live[key] = sid
         self.events.append((ALLOC, sid, self.phase, self.step, op, module, owner))
-        self._finalizers.append(weakref.finalize(storage, self._on_free, key, sid))
+        if key not in self._finalized:
+            self._finalized.add(key)
+            self._finalizers.append(weakref.finalize(storage, self._on_free, key, sid))
+        return sid
+
+    def on_storage_resize(self, storage: Any, nbytes: int) -> None:
+        """`UntypedStorage.resize_`: FSDP2 frees an all-gathered parameter by resizing its
+        storage to 0 and allocates it again by resizing it back; the storage object lives on,
+        so no finalizer would see either. A resize is a free of the old size and an
+        allocation of the new one."""
+        if self._closed:
+            return
+        key = id(storage)
+        sid = self._live.get(key)
+        if sid is not None:
+            if self.records[sid].nbytes == nbytes:
+                return
+            self._release(key, sid)
+        self._resized.add(key)
+        if nbytes > 0:
+            self._new_record(storage, nbytes, op="resize_", category=None, module=None,
+                             owner=-1, host=False)  # fmt: skip
 
     def _on_free(self, key: int, sid: int) -> None:
+        self._finalized.discard(key)
+        if key in self._resized:  # the allocation alive now, if any, is what dies
+            self._resized.discard(key)
+            current = self._live.get(key)
+            if current is None:
+                return
+            sid = current
+        self._release(key, sid)
+
+    def _release(self, key: int, sid: int) -> None:
         if self._live.get(key) == sid:
             del self._live[key]
         if self._closed:
@@ -421,6 +468,7 @@ class Tracker(TorchDispatchMode):
             register_module_forward_hook(self._post_hook, always_call=True),
         ]
         region_listeners.append(self.block_region)
+        self._resize_patch = _patch_storage_resize(self)
         super().__enter__()
         return self
 
@@ -428,6 +476,7 @@ class Tracker(TorchDispatchMode):
         from memfit.techniques_trace import region_listeners
 
         super().__exit__(*exc)
+        _unpatch_storage_resize(self._resize_patch)
         if self.block_region in region_listeners:
             region_listeners.remove(self.block_region)
         for h in self._hooks:
@@ -495,3 +544,21 @@ def tag_graph(roots: Any, ctx: tuple[str, int]) -> None:
         for nxt, _ in node.next_functions:
             if nxt is not None:
                 stack.append(nxt)
+
+
+def _patch_storage_resize(tracker: Tracker) -> Any:
+    """Route `torch.UntypedStorage.resize_` through the tracker while it is active (the
+    dispatcher never sees storage resizes). Returns what `_unpatch_storage_resize` restores."""
+    original = torch.UntypedStorage.resize_
+
+    def resize_(storage: Any, size: int) -> Any:
+        out = original(storage, size)
+        tracker.on_storage_resize(storage, int(size))
+        return out
+
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign,assignment]
+    return original
+
+
+def _unpatch_storage_resize(original: Any) -> None:
+    torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]

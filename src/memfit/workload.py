@@ -84,6 +84,9 @@ class Workload:
         embedding_on_cpu: keep the input embedding table (weights, gradients, optimizer state)
             on the CPU; its output is moved to the GPU.
         tie_embeddings: share one matrix between input embedding and output projection.
+        gpus: data-parallel GPUs. Above 1, parameters, gradients and optimizer state are
+            sharded over them with FSDP2 (`fully_shard` on each repeated block, then the root;
+            ZeRO-3); `batch_size` is per GPU. The estimate is of one rank.
         steps: training steps traced; the first is warm-up (optimizer state is created), the
             later ones are steady state. Two is enough for every optimizer memfit knows.
     """
@@ -104,6 +107,7 @@ class Workload:
     offload_optimizer: bool = False
     embedding_on_cpu: bool = False
     tie_embeddings: bool = False
+    gpus: int = 1
     steps: int = 2
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -115,6 +119,7 @@ class Workload:
             _positive("image_size", self.image_size, "--image-size")
         _positive("grad_accum", self.grad_accum, "--grad-accum")
         _positive("steps", self.steps, "steps")
+        _positive("gpus", self.gpus, "--gpus")
         _choice("mode", self.mode, MODES)
         _choice("precision", self.precision, PRECISIONS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
@@ -129,6 +134,11 @@ class Workload:
                     f"checkpoint_first must be a block count >= 0, got {self.checkpoint_first!r}."
                 )
         _choice("attention", self.attention, ATTENTION)
+        if self.gpus > 1 and (self.offload_optimizer or self.embedding_on_cpu):
+            raise BadInputError(
+                "With FSDP over several GPUs (--gpus), memfit does not model optimizer offload or "
+                "an embedding on the CPU (FSDP2 has its own CPUOffloadPolicy). Drop one of them."
+            )
         if self.embedding_on_cpu and self.tie_embeddings:
             raise BadInputError(
                 "--embedding-on-cpu and --tie-embeddings conflict: a tied output projection "
@@ -177,6 +187,8 @@ class Workload:
             out.append("embedding on CPU")
         if self.tie_embeddings:
             out.append("tied embeddings")
+        if self.gpus > 1:
+            out.append(f"FSDP over {self.gpus} GPUs")
         return out
 
     def with_(self, **changes: Any) -> Workload:
