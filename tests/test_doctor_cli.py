@@ -141,4 +141,32 @@ def test_command_failing_script_prints_traceback_and_report(tmp_path):
     result = invoke(str(script))
     assert result.exit_code == 1
     assert "RuntimeError: data loader died" in result.stderr
-    assert "no memory anti-patterns" in result.stdout
+    assert "memfit doctor: 0 step boundaries" in result.stdout  # it died before any step
+
+
+def test_command_without_an_optimizer_step_says_so(tmp_path):
+    script = tmp_path / "eval_only.py"
+    script.write_text(
+        "import torch\nwith torch.no_grad():\n    print(torch.nn.Linear(4, 1)(torch.ones(2, 4)))\n"
+    )
+    result = invoke(str(script))
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[-1] == (
+        "memfit doctor: 0 step boundaries: the doctor watches optimizer.step() \u2014 call "
+        "dr.step() in loops without one (`with memfit.doctor() as dr:` around the loop). Graphs "
+        "kept alive and growth are only found across steps."
+    )
+    assert "no memory anti-patterns" not in result.stdout
+
+
+def test_command_interrupted_prints_the_report_and_exits_130(tmp_path):
+    path = SCRIPTS / "leak_total_loss.py"
+    script = tmp_path / "interrupted.py"
+    script.write_text(path.read_text() + "raise KeyboardInterrupt\n")  # Ctrl-C after the loop
+    result = invoke(str(script))
+    assert result.exit_code == 130
+    assert "interrupted (Ctrl-C); the report covers the run up to then." in result.stderr
+    assert f"{script.name}:{marker_line(path)}: graph-kept-alive (4 B)" in result.stdout
+    with pytest.raises(ScriptFailed) as e:
+        run_script(script, [])
+    assert isinstance(e.value.exception, KeyboardInterrupt) and e.value.exit_code == 130

@@ -19,6 +19,7 @@ from memfit.gpu_simulation import simulate
 from memfit.guard import TrainStep, oom_guard
 from memfit.optimizers import build_optimizer
 from memfit.sources import resolve_model
+from memfit.train_setup import TrainSetup
 
 MiB = 1 << 20
 
@@ -130,12 +131,136 @@ def test_oom_guard_stops_when_the_micro_batch_cannot_shrink():
         torch.OutOfMemoryError, match=r"micro-batch 1 \(batch 6 in 6 micro-batches\)"
     ):
         oom_guard(setup).step(x)
-    assert calls == [1, 2, 6]  # 6 -> 3 -> (4 does not divide 6) 1
+    assert calls == [1, 2, 3, 6]  # micro-batches of 6, 3, 2 (half of 3, rounded up), 1
     setup2 = AlwaysOom(nn.Linear(4, 1), torch.optim.SGD(nn.Linear(4, 1).parameters()))
     calls.clear()
     with pytest.raises(torch.OutOfMemoryError, match="min_micro_batch=3"):
         oom_guard(setup2, min_micro_batch=3).step(x)
     assert calls == [1, 2]
+
+
+class OomAbove(nn.Module):
+    """A model that runs out of memory above `limit` samples per micro-batch (injected), or at
+    the forward calls numbered in `fail_at`."""
+
+    def __init__(self, limit: int = 1 << 30, fail_at: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(8, 1)
+        self.limit, self.fail_at, self.calls = limit, fail_at, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if x.shape[0] > self.limit or self.calls in self.fail_at:
+            raise torch.OutOfMemoryError("injected")
+        return self.fc(x)
+
+
+def train_setup(model: nn.Module) -> TrainSetup:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return TrainSetup(
+        model=model, optimizer=opt, scaler=None, autocast_dtype=None, grad_accum=1,
+        device=torch.device("cpu"), loss_fn=lambda out, mb: F.mse_loss(out, mb[1]),
+    )  # fmt: skip
+
+
+def loader(*sizes: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(2)
+    return [(torch.randn(n, 8, generator=g), torch.randn(n, 1, generator=g)) for n in sizes]
+
+
+def test_the_micro_batch_that_ran_is_kept_for_batches_of_any_size():
+    # 62 samples: 62 and 2 x 31 do not fit, 4 micro-batches (16, 16, 15, 15) do. Later batches
+    # keep micro-batches of at most 16: 64 in 4, and the loader's last batch of 5 in one.
+    setup = train_setup(OomAbove(limit=16))
+    guarded = oom_guard(setup)
+    accums = []
+    for batch in loader(62, 64, 5):
+        guarded.step(batch)
+        accums.append(setup.grad_accum)
+    assert accums == [4, 4, 1]
+    assert (guarded.micro_batch_size, guarded.retries) == (16, 2)
+    reference = train_setup(OomAbove())  # never OOMs; the same micro-batches, set by hand
+    for batch, k in zip(loader(62, 64, 5), accums, strict=True):
+        reference.grad_accum = k
+        reference.step(batch)
+    for p, q in zip(setup.model.parameters(), reference.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_an_oom_mid_accumulation_loses_no_update_and_applies_none_twice():
+    # 10 samples: one micro-batch fails (call 1); 2 x 5 fails in the second (call 3), after the
+    # first one's backward; 4 micro-batches (3, 3, 2, 2) run.
+    setup = train_setup(OomAbove(fail_at=(1, 3)))
+    steps = []
+    setup.optimizer.register_step_post_hook(lambda *_: steps.append(1))
+    guarded = oom_guard(setup)
+    (batch,) = loader(10)
+    guarded.step(batch)
+    assert (setup.grad_accum, guarded.retries, len(steps)) == (4, 2, 1)
+    reference = train_setup(OomAbove())
+    reference.grad_accum = 4
+    reference.step(batch)
+    for p, q in zip(setup.model.parameters(), reference.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def scaled_step(model, opt, scaler, clip):
+    def train_step(batch, micro_batch_size):
+        x, y = batch
+        for xm, ym in zip(x.split(micro_batch_size), y.split(micro_batch_size), strict=True):
+            scaler.scale(F.mse_loss(model(xm), ym) * len(xm) / len(x)).backward()
+        scaler.unscale_(opt)
+        clip(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+    return train_step
+
+
+def test_an_oom_after_unscale_is_retried_with_the_scaler_reset():
+    calls = []
+
+    def clip_that_ooms_once(params, max_norm):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("injected: out of memory in clip_grad_norm_")
+        return nn.utils.clip_grad_norm_(params, max_norm)
+
+    results = []
+    for clip, micro in ((clip_that_ooms_once, None), (nn.utils.clip_grad_norm_, 4)):
+        model = OomAbove()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        step = scaled_step(model, opt, scaler, clip)
+        (batch,) = loader(8)
+        if micro is None:  # guarded: the OOM comes after scaler.unscale_(opt)
+            guarded = oom_guard(step, model=model, optimizer=opt, scaler=scaler)
+            guarded(batch)
+            assert (guarded.retries, guarded.micro_batch_size) == (1, 4)
+        else:  # the reference never OOMs: micro-batches of 4 from the start
+            step(batch, micro_batch_size=micro)
+        results.append((list(model.parameters()), scaler.state_dict()))
+    (got, got_scaler), (want, want_scaler) = results
+    assert all(torch.equal(p, q) for p, q in zip(got, want, strict=True))
+    assert got_scaler == want_scaler  # scale 1024, growth tracker 1: one update, no backoff
+
+
+def test_an_oom_after_the_scaler_skipped_the_step_is_not_retried():
+    model = OomAbove()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+
+    @oom_guard(model=model, optimizer=opt, scaler=scaler)
+    def train_step(batch, micro_batch_size):
+        scaler.scale(model(batch[0]).sum() * float("inf")).backward()
+        scaler.step(opt)  # inf gradients: optimizer.step() is skipped, the iteration is done
+        raise torch.OutOfMemoryError("injected: logging after the step")
+
+    with pytest.raises(torch.OutOfMemoryError, match="not retried"):
+        train_step(loader(8)[0])
+    assert train_step.retries == 0
 
 
 def test_function_form_halves_micro_batch_and_keeps_it():

@@ -101,6 +101,9 @@ def _try(trial: Callable[[Any], Any], make_batch: Callable[[int], Any] | None, b
         trial(make_batch(b) if make_batch is not None else b)
     except torch.OutOfMemoryError:
         return False
+    except Exception as e:  # not an OOM: the caller's error, raised as it is, with the batch
+        e.add_note(f"(raised by the trial at batch size {b}, in memfit's find_batch_size)")
+        raise
     return True
 
 

@@ -2,7 +2,8 @@
 
 Registered by `memfit.cli` (`app.command("doctor")(doctor_command)`). Exit codes: 0 no finding;
 1 findings, or the script failed (its traceback is printed, then what was seen up to then);
-2 bad input (no such script).
+2 bad input (no such script); 130 the script was interrupted (Ctrl-C), after the report of what
+was seen up to then.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def doctor_command(
     from memfit.doctor_report import findings_to_json, render_findings
     from memfit.errors import MemfitError
     from memfit.runtime_doctor import doctor
-    from memfit.script_runner import ScriptFailed, run_script
+    from memfit.script_runner import EXIT_INTERRUPTED, ScriptFailed, run_script
 
     dr = doctor()
     failure: ScriptFailed | None = None
@@ -44,7 +45,10 @@ def doctor_command(
         failure = e
     except MemfitError as e:
         raise _fail(str(e)) from None
-    if failure is not None:
+    interrupted = failure is not None and isinstance(failure.exception, KeyboardInterrupt)
+    if interrupted:
+        typer.echo("interrupted (Ctrl-C); the report covers the run up to then.", err=True)
+    elif failure is not None:
         typer.echo(failure.traceback, err=True, nl=False)
         typer.echo(f"error: {failure}; the report covers the run up to the failure.", err=True)
     findings = dr.findings
@@ -53,4 +57,6 @@ def doctor_command(
         typer.echo(json.dumps(findings_to_json(findings, dr.steps, str(script), error), indent=2))
     else:
         typer.echo(render_findings(findings, dr.steps))
+    if interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
     raise typer.Exit(EXIT_FINDINGS if findings or failure is not None else EXIT_OK)

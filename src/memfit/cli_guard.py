@@ -2,19 +2,31 @@
 
 Runs `find_batch_size` on the user's trial function: on a real GPU when the code uses one, or on
 the CPU under `memfit.simulate` when `--gpu` names the card to simulate (a name from
-`memfit gpus`, optionally limited: `rtx-4090@12GiB`). Exit codes: 0 found; 1 even the smallest
-batch does not fit; 2 bad input.
+`memfit gpus`, optionally limited: `rtx-4090@12GiB`). Without `--gpu` on a machine with no CUDA
+GPU the search would measure host RAM, which says nothing about a GPU: that is refused.
+
+What the trial's file holds at top level (made at import, before the search) is on the GPU from
+the start: its modules with parameters or buffers (a parameterless `nn.CrossEntropyLoss()` is
+not a model; a module inside another one found is counted with it; several models, a GAN's
+generator and discriminator, are all counted), and its optimizer when there is one. Their
+gradients are set to None between tries.
+
+Exit codes: 0 found; 1 even the smallest batch does not fit; 2 bad input (no such file or
+function, an unknown GPU, no GPU and no `--gpu`, or a memfit BadInputError raised by the
+trial); 3 the trial raised another error (not an out-of-memory): its traceback is printed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import traceback
 from typing import Annotated, Any
 
 import typer
 
 EXIT_NOTHING_FITS = 1
+EXIT_TRIAL_FAILED = 3
 
 
 def find_batch_command(
@@ -43,30 +55,41 @@ def find_batch_command(
 
     from memfit.batch_search import find_batch_size
     from memfit.cli import EXIT_OK, _fail
-    from memfit.errors import MemfitError
+    from memfit.errors import BadInputError, MemfitError
     from memfit.sources import load_functions
 
+    if gpu is None and not torch.cuda.is_available():
+        raise _fail(
+            "No CUDA GPU here, so the search would measure host RAM. Pass --gpu NAME to "
+            "simulate a GPU on the CPU (e.g. --gpu t4 or --gpu rtx-4090@12GiB; `memfit gpus` "
+            "lists the names)."
+        )
     try:
         trial, make_batch = load_functions(target)
+        model, optimizer = _model_and_optimizer(trial)
+        where: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
         if gpu is not None:
             from memfit.gpu_simulation import simulate
 
-            model, optimizer = _model_and_optimizer(trial)
-            where: contextlib.AbstractContextManager[object] = simulate(
-                gpu, model=model, optimizer=optimizer
-            )
-        else:
-            where = contextlib.nullcontext()
+            where = simulate(gpu, model=model, optimizer=optimizer)
+    except (MemfitError, ImportError) as e:
+        raise _fail(str(e)) from None
+    try:
         with where:
             r = find_batch_size(
                 trial, make_batch=make_batch, start=start, max_batch=max_batch,
-                target_batch=target_batch, progress=progress and not as_json,
+                target_batch=target_batch, model=model, optimizer=optimizer,
+                progress=progress and not as_json,
             )  # fmt: skip
-    except (MemfitError, ImportError) as e:
+    except BadInputError as e:
         raise _fail(str(e)) from None
     except torch.OutOfMemoryError as e:
         typer.echo(f"{e}", err=True)
         raise typer.Exit(EXIT_NOTHING_FITS) from None
+    except Exception as e:  # the trial's own error: shown, with its own exit code
+        typer.echo(_user_traceback(e), err=True, nl=False)
+        typer.echo(f"error: the trial raised {type(e).__name__}: {e}", err=True)
+        raise typer.Exit(EXIT_TRIAL_FAILED) from None
     if as_json:
         typer.echo(json.dumps({
             "batch_size": r.batch_size, "micro_batch_size": r.micro_batch_size,
@@ -86,18 +109,37 @@ def find_batch_command(
 
 
 def _model_and_optimizer(trial: object) -> tuple[Any, Any]:
-    """The model and optimizer the trial's module holds (made at import, before the simulated
-    GPU starts counting): counted from the start when there is exactly one of each."""
+    """The model and optimizer the trial's module holds at top level (see the module
+    docstring): one module, an `nn.ModuleDict` of several (keyed by their names), or None; the
+    optimizer when there is exactly one."""
     import torch
 
     g = getattr(trial, "__globals__", {})
-    models = [v for v in g.values() if isinstance(v, torch.nn.Module)]
-    opts = [v for v in g.values() if isinstance(v, torch.optim.Optimizer)]
-    from memfit.errors import BadInputError
+    found = {
+        name: v
+        for name, v in g.items()
+        if isinstance(v, torch.nn.Module)
+        and (next(v.parameters(), None) is not None or next(v.buffers(), None) is not None)
+    }
+    inside = {id(sub) for m in found.values() for sub in m.modules() if sub is not m}
+    models = {name: m for name, m in found.items() if id(m) not in inside}
+    unique = list({id(m): (name, m) for name, m in models.items()}.values())  # aliases once
+    opts = list({id(v): v for v in g.values() if isinstance(v, torch.optim.Optimizer)}.values())
+    optimizer = opts[0] if len(opts) == 1 else None
+    if len(unique) <= 1:
+        return (unique[0][1] if unique else None), optimizer
+    probe = torch.nn.ModuleDict()  # a name such as `forward` cannot be a key as it is
+    return torch.nn.ModuleDict(
+        {(name if not hasattr(probe, name) else f"{name}_"): m for name, m in unique}
+    ), optimizer
 
-    if len(models) > 1:
-        raise BadInputError(
-            f"The trial's module holds {len(models)} models at top level; memfit cannot tell "
-            "which one trains. Build the model inside trial() or keep one at top level."
-        )
-    return (models[0] if models else None, opts[0] if len(opts) == 1 else None)
+
+def _user_traceback(e: BaseException) -> str:
+    """The traceback from the first frame outside memfit on (the search's frames are noise)."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    tb = e.__traceback__
+    while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(here):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(e), e, tb))

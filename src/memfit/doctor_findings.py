@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 from memfit.doctor_graph import (
     behind,
@@ -34,6 +35,9 @@ KINDS = (GRAPH_KEPT_ALIVE, GROWTH, EVAL_WITHOUT_NO_GRAD, RETAIN_GRAPH_IN_LOOP)
 
 #: Consecutive steps of growth before it is reported: fewer is too easily a varying batch shape.
 GROWTH_MIN_STEPS = 3
+#: Boundaries before growth is compared: gradients and optimizer state appear at boundary 0, and
+#: whether a storage made in a step outlives it (or is carried on) shows one step later.
+GROWTH_WARMUP = 2
 #: Wasted `retain_graph=True` backward calls from one line before it is reported ("in a loop").
 RETAIN_MIN_CALLS = 2
 
@@ -68,7 +72,7 @@ class Findings:
         self, clock: Clock, grad: GradTracker, storages: StorageTracker, book: SavedBook
     ) -> None:
         self._clock, self._grad, self._storages, self._book = clock, grad, storages, book
-        self._mark: int | None = None
+        self._marks: tuple[int | None, int | None] = (None, None)  # the last two boundaries
         self._leaks: dict[tuple[bool, Site | None], _Leak] = {}
         self._growth: dict[Site | None, _Growth] = {}
         self._prev: tuple[int, dict[Site | None, int]] | None = None
@@ -76,15 +80,16 @@ class Findings:
         self._run_len = 0
         self._high = 0  # the largest sample so far: growth must set new highs
 
-    def boundary(self, cuda_device: torch.device | None) -> None:
+    def boundary(self, cuda_device: torch.device | None, optimizers: list[Any]) -> None:
         held: dict[int, int] = {}
-        if self._mark is not None:
-            held = self._check_graphs(self._mark)
-        self._mark = sequence_mark()
-        self._check_growth(held, cuda_device)
+        older, previous = self._marks
+        if previous is not None:
+            held = self._check_graphs(previous, older)
+        self._marks = (previous, sequence_mark())
+        self._check_growth(held, optimizer_storages(optimizers, cuda_device), cuda_device)
 
     # -- graph-kept-alive -------------------------------------------------------------------
-    def _check_graphs(self, threshold: int) -> dict[int, int]:
+    def _check_graphs(self, threshold: int, older: int | None) -> dict[int, int]:
         """Group the tensors whose graphs outlived a step; return the storages they pin."""
         tensors: list[torch.Tensor] = []
         sites: list[Site | None] = []
@@ -96,7 +101,7 @@ class Findings:
         old = [node_seq(n) < threshold for n in keep]
         root_ids = {id(n) for n, is_old in zip(keep, old, strict=True) if is_old}
         current = [i for i, is_old in enumerate(old) if not is_old]
-        chains = chain_flags([tensors[i] for i in current], threshold, root_ids, keep)
+        chains = chain_flags([tensors[i] for i in current], threshold, older, root_ids, keep)
         groups: dict[tuple[bool, Site | None], list[torch.Tensor]] = {}
         for i, is_old in enumerate(old):
             if is_old:
@@ -126,13 +131,20 @@ class Findings:
         return held
 
     # -- growth -----------------------------------------------------------------------------
-    def _check_growth(self, held: dict[int, int], cuda_device: torch.device | None) -> None:
-        total, by_site = self._storages.live(held)
+    def _check_growth(
+        self, held: dict[int, int], state: dict[int, int], cuda_device: torch.device | None
+    ) -> None:
+        """Sample what outlives steps: not this step's working set (a batch that grows with a
+        curriculum), not optimizer state (made lazily: a head's first step, LBFGS history), not
+        what graph-kept-alive findings explain (`held`)."""
+        exclude = {**held, **state}
+        total, by_site, working = self._storages.live(exclude, self._clock.step)
         metric = total
         if cuda_device is not None:
             allocated = torch.cuda.memory_allocated(cuda_device)
-            metric = allocated - sum(cuda_block_size(n) for n in held.values())
-        if self._clock.step == 0:  # warm-up: gradients and optimizer state appear in step 0
+            now = [n for n, device in working if device == cuda_device]
+            metric = allocated - sum(cuda_block_size(n) for n in [*exclude.values(), *now])
+        if self._clock.step < GROWTH_WARMUP:
             return
         if self._prev is not None:
             if metric > self._high:
@@ -151,14 +163,14 @@ class Findings:
         site = site if grown_here > 0 else None
         g = self._growth.get(site)
         if g is None:
-            g = _Growth(site, self._growth_holder(site, held))
+            g = _Growth(site, self._growth_holder(site, exclude))
             self._growth[site] = g
         g.bytes = max(g.bytes, metric - start)
         g.steps = max(g.steps, self._run_len)
         g.per_step = (metric - start) // self._run_len
 
-    def _growth_holder(self, site: Site | None, held: dict[int, int]) -> str | None:
-        keys = self._storages.keys_at(site) - held.keys() if site is not None else set()
+    def _growth_holder(self, site: Site | None, exclude: dict[int, int]) -> str | None:
+        keys = self._storages.keys_at(site) - exclude.keys() if site is not None else set()
         if not keys:
             return None
         objects = gc.get_objects()
@@ -228,6 +240,19 @@ class Findings:
                     "the same graph follows.",
                 ))  # fmt: skip
         return out
+
+
+def optimizer_storages(optimizers: list[Any], device: torch.device | None) -> dict[int, int]:
+    """The storages (key -> bytes) of the optimizers' state, lists included (LBFGS keeps its
+    history in lists); only those on `device` when one is given."""
+    out: dict[int, int] = {}
+    for opt in optimizers:
+        for t in pytree.tree_leaves(list(opt.state.values())):
+            if isinstance(t, torch.Tensor) and (device is None or t.device == device):
+                info = tensor_info(t)
+                if info is not None:
+                    out[info.key] = info.nbytes
+    return out
 
 
 def _leak_finding(leak: _Leak, fb: Any) -> dict[str, Any]:

@@ -94,16 +94,33 @@ def item_info(data: Any) -> StorageInfo | None:
     return info
 
 
-def chain_flags(
-    tensors: list[torch.Tensor], threshold: int, root_node_ids: set[int], keep: list[Any]
-) -> list[bool]:
-    """For each tensor: does its graph reach an old node that no old tensor owns?
+#: Bits of `chain_flags`' walk: the graph reaches a node made before the boundary before the
+#: previous one (`_OLDER`), or one made between that boundary and the previous one (`_OLD`).
+_OLDER, _OLD = 1, 2
 
-    `root_node_ids` are the ids of the `grad_fn` of tensors that are themselves old (reported on
-    their own); reaching one of those does not count. `keep` holds the node objects alive for
-    the duration of the analysis, so that their ids stay unique.
+
+def chain_flags(
+    tensors: list[torch.Tensor],
+    threshold: int,
+    older: int | None,
+    root_node_ids: set[int],
+    keep: list[Any],
+) -> list[bool]:
+    """For each tensor: does its graph chain steps, reaching nodes from at least two steps
+    before the previous boundary?
+
+    `threshold` is the sequence mark of the previous boundary, `older` the one before (None at
+    the first boundaries: no chain yet). A graph that reaches nodes made before `older` and
+    nodes made between `older` and `threshold` was built across steps (`total_loss += loss`, a
+    hidden state not detached). One that reaches nodes of one step only uses a tensor made
+    before a boundary that fell mid-step (a GAN whose generator's output is used after the
+    discriminator's optimizer step): not a chain. `root_node_ids` are the ids of the `grad_fn`
+    of tensors that are themselves old (reported on their own); the walk stops there. `keep`
+    holds the node objects alive for the duration of the analysis, so that ids stay unique.
     """
-    memo: dict[int, bool] = {}
+    if older is None:
+        return [False] * len(tensors)
+    memo: dict[int, int] = {}
     out = []
     for t in tensors:
         start = t.grad_fn
@@ -114,21 +131,24 @@ def chain_flags(
             if i in memo:
                 stack.pop()
                 continue
-            if node_seq(node) < threshold:
-                memo[i] = i not in root_node_ids
-                keep.append(node)
+            keep.append(node)
+            seq = node_seq(node)
+            if i in root_node_ids or seq < older:
+                memo[i] = 0 if i in root_node_ids else _OLDER
                 stack.pop()
                 continue
             kids = children(node)
-            keep.append(node)
             keep.extend(kids)
             pending = [k for k in kids if id(k) not in memo]
             if pending:
                 stack.extend(pending)
                 continue
-            memo[i] = any(memo[id(k)] for k in kids)
+            bits = _OLD if seq < threshold else 0
+            for k in kids:
+                bits |= memo[id(k)]
+            memo[i] = bits
             stack.pop()
-        out.append(memo[id(start)])
+        out.append(memo[id(start)] == _OLDER | _OLD)
     return out
 
 

@@ -155,7 +155,7 @@ def _name(obj: Any, frames: list[FrameType], skip: set[int], depth: int) -> str 
                 return f"{_name(owner, frames, skip, depth - 1) or type(owner).__name__}.{key}"
             parent = _name(ref, frames, skip, depth - 1)
             if parent is not None:
-                return f"{parent}[{key!r}]"
+                return f"{parent}[{_key_text(key, frames)}]"
         elif isinstance(ref, (list, tuple, set, frozenset, deque)):
             parent = _name(ref, frames, skip, depth - 1)
             if parent is not None:
@@ -164,6 +164,29 @@ def _name(obj: Any, frames: list[FrameType], skip: set[int], depth: int) -> str 
             attr = next((k for k, v in vars(ref).items() if v is obj), None)
             if attr is not None:
                 return f"{_name(ref, frames, skip, depth - 1) or type(ref).__name__}.{attr}"
+    return None
+
+
+def _key_text(key: Any, frames: list[FrameType]) -> str:
+    """A dict key as written in code (`'loss'`, `3`); a tensor key (`optimizer.state` is keyed
+    by parameters) by its parameter name when a module in the user frames holds it
+    (`<model.fc.weight>`), else by type and shape (`<Parameter (1, 64)>`), never its values."""
+    if isinstance(key, (str, int)):
+        return repr(key)
+    if isinstance(key, torch.Tensor):
+        name = _parameter_name(key, frames)
+        return f"<{name}>" if name else f"<{type(key).__name__} {tuple(key.shape)}>"
+    return f"<{type(key).__name__}>"
+
+
+def _parameter_name(p: torch.Tensor, frames: list[FrameType]) -> str | None:
+    """`model.fc.weight` for a parameter of a module bound to a variable of the user frames."""
+    for f in frames:
+        for var, value in [*_frame_locals(f), *f.f_globals.items()]:
+            if isinstance(value, torch.nn.Module):
+                for name, q in value.named_parameters():
+                    if q is p:
+                        return f"{var}.{name}"
     return None
 
 

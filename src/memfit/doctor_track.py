@@ -6,7 +6,8 @@ Three recorders run inside the `with doctor():` block, each costing one Python c
   remembered weakly, with the user line that made it (`doctor_sites.site_of`). It also sees
   `backward(retain_graph=True)` calls.
 * `StorageTracker` (a TorchDispatchMode): every new storage (forward, backward, optimizer) is
-  remembered weakly with its size and line, so live tensor bytes can be summed on any device.
+  remembered weakly with its size, line and step, so live tensor bytes can be summed on any
+  device, and those of one step's working set told from those that outlive it.
 * `doctor_saved.SavedBook` (saved-tensor hooks): which saved tensors a backward used.
 """
 
@@ -30,6 +31,7 @@ from memfit.doctor_sites import Clock, Site
 #: number of live ones), so a long step does not grow the table without bound.
 _PURGE_MIN = 50_000
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 _BACKWARD_FUNCS = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
 _SIGNATURES = {f: inspect.signature(f) for f in _BACKWARD_FUNCS}
 _ROOT_ARG = {torch.Tensor.backward: "self", torch.autograd.backward: "tensors"}
@@ -83,10 +85,24 @@ class StorageRecord:
     ref: StorageWeakRef
     nbytes: int
     site: Site | None
+    step: int  # the step that made it
+    device: torch.device
+    #: Made at its line from a storage that line made in an earlier step (`history =
+    #: torch.cat([history, x])`): a value carried across steps in a new storage.
+    carried: bool
+
+
+def _arg_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors among an op's arguments, and in its list arguments (`cat`'s inputs)."""
+    out: list[torch.Tensor] = []
+    for a in (*args, *kwargs.values()):
+        out.extend(_tensors(a))
+    return out
 
 
 class StorageTracker(TorchDispatchMode):
-    """Remembers (weakly) each storage created, with its size and the line that made it."""
+    """Remembers (weakly) each storage created, with its size, the line and the step that made
+    it, and whether it carries a value of that line across steps."""
 
     def __init__(self, clock: Clock) -> None:
         super().__init__()
@@ -95,13 +111,14 @@ class StorageTracker(TorchDispatchMode):
         self._purge_at = _PURGE_MIN
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         if not self.clock.paused:
             for t in _tensors(out):
-                self._record(t)
+                self._record(t, args, kwargs)
         return out
 
-    def _record(self, t: torch.Tensor) -> None:
+    def _record(self, t: torch.Tensor, args: tuple, kwargs: dict) -> None:
         if type(t) is not torch.Tensor or t.layout != torch.strided or t.is_nested:
             return
         storage = t.untyped_storage()
@@ -112,8 +129,24 @@ class StorageTracker(TorchDispatchMode):
         nbytes = storage.nbytes()
         if nbytes == 0 or storage.device.type == "meta":
             return
+        sources = [
+            a.untyped_storage()._cdata
+            for a in _arg_tensors(args, kwargs)
+            if type(a) in _PLAIN and a.layout == torch.strided and not a.is_nested
+        ]
+        if key in sources:
+            return  # a view, in-place op or out= of a storage made before the doctor started
         site = self.clock.site_here(sys._getframe(2))
-        self.records[key] = StorageRecord(StorageWeakRef(storage), nbytes, site)
+        step = self.clock.step
+        carried = False
+        for src in map(self.records.get, sources):
+            # (an expired record is a dead storage that had the same address)
+            if src is not None and src.site == site and src.step < step and not src.ref.expired():
+                carried = True
+                break
+        self.records[key] = StorageRecord(
+            StorageWeakRef(storage), nbytes, site, step, storage.device, carried
+        )
         if len(self.records) > self._purge_at:
             self.purge()
             self._purge_at = max(_PURGE_MIN, 2 * len(self.records))
@@ -121,16 +154,25 @@ class StorageTracker(TorchDispatchMode):
     def purge(self) -> None:
         self.records = {k: r for k, r in self.records.items() if not r.ref.expired()}
 
-    def live(self, exclude: dict[int, int]) -> tuple[int, dict[Site | None, int]]:
-        """Live bytes of the recorded storages not in `exclude`, in all and per line."""
+    def live(
+        self, exclude: dict[int, int], step: int
+    ) -> tuple[int, dict[Site | None, int], list[tuple[int, torch.device]]]:
+        """Live bytes of the recorded storages not in `exclude` that outlived the step that made
+        them (made before `step`) or carry a value across steps: in all and per line; and the
+        (size, device) of the others, the current step's working set (a batch, its outputs)."""
         self.purge()
         total = 0
         by_site: dict[Site | None, int] = {}
+        working: list[tuple[int, torch.device]] = []
         for key, rec in self.records.items():
-            if key not in exclude:
+            if key in exclude:
+                continue
+            if rec.step < step or rec.carried:
                 total += rec.nbytes
                 by_site[rec.site] = by_site.get(rec.site, 0) + rec.nbytes
-        return total, by_site
+            else:
+                working.append((rec.nbytes, rec.device))
+        return total, by_site, working
 
     def keys_at(self, site: Site | None) -> set[int]:
         return {k for k, r in self.records.items() if r.site == site and not r.ref.expired()}

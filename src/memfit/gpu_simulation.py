@@ -20,10 +20,15 @@ allocator and stays: one "workspaces" allocation at the first matmul, before its
 
 Tensors that exist before entering count only when passed: `model=` (parameters, buffers,
 gradients), `optimizer=` (state), `tensors=` (filed as inputs); scanning every live tensor
-would count the rest of the process too. Categories: parameters, buffers, gradients (`.grad`),
-optimizer_state (in `optimizer.state`), activations (made in a module's forward, or after it
-until backward starts), temporaries (made in backward or in `optimizer.step()`), inputs (made
-outside all of these: usually the batch), workspaces. Modules come from global module hooks in
+would count the rest of the process too. Only storages an op allocates are counted: a view,
+an in-place op or an `out=` on a tensor that was not passed costs nothing (a batch sliced from
+a host dataset, `X[i:j]`, counts once copied: `.clone()`, as `.to("cuda")` would copy it). A
+counted storage that an op resizes (`resize_`, a larger `out=`) is malloc'ed at its new size.
+
+Categories: parameters, buffers, gradients (`.grad`), optimizer_state (in `optimizer.state`),
+activations (made in a module's forward, or after it until backward starts), temporaries (made
+in backward or in `optimizer.step()`), inputs (made outside all of these: usually the batch;
+after an OOM, until the next forward), workspaces. Modules come from global module hooks in
 forward and autograd-node tags in backward (memfit.tracer, Note: [Backward attribution]).
 
 Limitations: one thread, one stream; storages on the meta device are ignored; with
@@ -33,7 +38,7 @@ Limitations: one thread, one stream; storages on the meta device are ignored; wi
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -43,8 +48,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memfit.allocator import CachingAllocator, OutOfMemory
 from memfit.allocator import OutOfMemoryError as _AllocatorFull
 from memfit.allocator_config import AllocatorConfig
-from memfit.errors import BadInputError
-from memfit.tracer import META_KEY, SCALAR_CONSTANT_OPS, cuda_block_size, tag_graph
+from memfit.sim_capacity import simulated_capacity
+from memfit.sim_records import LiveTensor, OomState, optimizer_state_sizes
+from memfit.tracer import META_KEY, SCALAR_CONSTANT_OPS, tag_graph
 
 __all__ = ["LiveTensor", "OomState", "SimulatedGPU", "active", "simulate"]
 
@@ -62,44 +68,6 @@ def active() -> SimulatedGPU | None:
     return _ACTIVE[-1] if _ACTIVE else None
 
 
-@dataclass(frozen=True, kw_only=True)
-class LiveTensor:
-    """One storage on the simulated GPU. `block_bytes` is the 512-byte-rounded request."""
-
-    nbytes: int
-    category: str
-    op: str
-    module: str
-    phase: str
-    shape: tuple[int, ...]
-    dtype: str
-
-    @property
-    def block_bytes(self) -> int:
-        return cuda_block_size(self.nbytes)
-
-
-@dataclass(frozen=True, kw_only=True)
-class OomState:
-    """The simulated GPU at the failed malloc: the allocator's record, where, and what was live."""
-
-    oom: OutOfMemory
-    message: str
-    op: str
-    module: str
-    phase: str
-    live: tuple[LiveTensor, ...]  # in allocation order
-    request: LiveTensor  # the storage that did not fit
-    config: AllocatorConfig
-    total_capacity_bytes: int
-    #: Paths of the model's repeated blocks (memfit.trace.find_repeated_blocks), if a model.
-    block_paths: tuple[str, ...] = ()
-    #: The optimizer's class name, if one was given.
-    optimizer: str | None = None
-    #: (parameter shape, bytes of its optimizer state) for each parameter with state.
-    optimizer_state: tuple[tuple[tuple[int, ...], int], ...] = field(default=())
-
-
 class SimulatedGPU(TorchDispatchMode):
     """The context manager `simulate` returns; see the module docstring."""
 
@@ -108,7 +76,7 @@ class SimulatedGPU(TorchDispatchMode):
                  optimizer: torch.optim.Optimizer | None = None, tensors: Any = (),
                  workspaces: bool = True) -> None:  # fmt: skip
         super().__init__()
-        capacity, self.total_capacity_bytes, ws = _capacity(gpu, budget_bytes)
+        capacity, self.total_capacity_bytes, ws = simulated_capacity(gpu, budget_bytes)
         self.capacity_bytes = capacity
         cfg = AllocatorConfig.from_string(alloc_conf) if alloc_conf else AllocatorConfig()
         self.allocator = CachingAllocator(cfg, capacity_bytes=capacity)
@@ -242,9 +210,17 @@ class SimulatedGPU(TorchDispatchMode):
             self._next += 1
             self._workspace_bytes = 0  # allocated once (a failed malloc is retried)
         out = func(*args, **(kwargs or {}))
+        given: set[int] | None = None  # the storages of the op's tensor arguments
         for t in pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self._track(t, name)
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            if id(storage) not in self._live:
+                if given is None:
+                    given = _storage_keys((args, kwargs))
+                if storage._cdata in given:
+                    continue  # a view, in-place op or out= of a tensor made before entering
+            self._track(t, name)
         return out
 
     def _context(self) -> str:
@@ -266,7 +242,10 @@ class SimulatedGPU(TorchDispatchMode):
                module: str | None = None) -> None:  # fmt: skip
         storage = t.untyped_storage()
         key = id(storage)
-        if key in self._live or storage.device.type == "meta":
+        if key in self._live:
+            self._resize(self._live[key], t, op)
+            return
+        if storage.device.type == "meta":
             return
         host = (
             self._host_steps and self._phase == "optimizer" and op in SCALAR_CONSTANT_OPS
@@ -298,6 +277,26 @@ class SimulatedGPU(TorchDispatchMode):
             while self._deferred:
                 self._on_free(*self._deferred.pop())
 
+    def _resize(self, rid: int, t: torch.Tensor, op: str) -> None:
+        """A known storage that an op grew or shrank (`resize_`, `out=`): malloc the new size,
+        then free the old block, as CUDA's resize_bytes_cuda allocates and copies first."""
+        rec = self._recs.get(rid)
+        nbytes = t.untyped_storage().nbytes()
+        if rec is None or nbytes == rec.nbytes or (rec.nbytes and rid not in self._blocks):
+            return  # unchanged, or host memory (a step counter)
+        new = replace(rec, nbytes=nbytes, op=op, module=self._context(), phase=self._phase,
+                      shape=tuple(t.shape))  # fmt: skip
+        old = self._blocks.pop(rid, None)
+        try:
+            self._malloc(rid, new)
+        except torch.OutOfMemoryError:
+            if old is not None:
+                self._blocks[rid] = old  # the simulated storage keeps its old size
+            raise
+        self._recs[rid] = new
+        if old is not None:
+            self.allocator.free(old)
+
     def _on_free(self, key: int, rid: int) -> None:
         if self._in_malloc:  # a gc pass inside malloc: free once malloc is done
             self._deferred.append((key, rid))
@@ -317,24 +316,19 @@ class SimulatedGPU(TorchDispatchMode):
         message = oom.message(
             op=rec.op, module=module or "<top>", total_capacity_bytes=self.total_capacity_bytes
         )
-        opt_state: list[tuple[tuple[int, ...], int]] = []
-        if self.optimizer is not None:
-            for p, state in self.optimizer.state.items():
-                tensors = [
-                    v for k, v in state.items() if isinstance(v, torch.Tensor) and k != "step"
-                ]
-                if tensors and isinstance(p, torch.Tensor):
-                    opt_state.append(
-                        (tuple(p.shape), sum(v.untyped_storage().nbytes() for v in tensors))
-                    )
         self.oom = OomState(
             oom=oom, message=message, op=rec.op, module=module, phase=rec.phase,
             live=tuple(self.live_tensors()), request=rec, config=self.allocator.config,
             total_capacity_bytes=self.total_capacity_bytes,
             block_paths=tuple(find_repeated_blocks(self.model)) if self.model is not None else (),
-            optimizer_state=tuple(opt_state),
+            model=type(self.model).__name__ if self.model is not None else None,
+            optimizer_state=optimizer_state_sizes(self.optimizer),
             optimizer=type(self.optimizer).__name__ if self.optimizer is not None else None,
         )  # fmt: skip
+        # The failed step is over: what comes next (the retry's batch) is not its forward,
+        # backward or update (the engine drops the backward's end callback on an error). The
+        # module stack unwinds through the always-called forward hooks.
+        self._phase = "inputs"
         err = torch.OutOfMemoryError(message)
         err.memfit_oom = self.oom  # type: ignore[attr-defined]  # read by memfit.oom
         raise err from None
@@ -397,39 +391,10 @@ def simulate(gpu: str | None = None, *, budget_bytes: int | None = None,
     )  # fmt: skip
 
 
-def _capacity(gpu: str | None, budget: int | None) -> tuple[int | None, int, int]:
-    """(allocator capacity or None, total for the OOM message, cuBLAS workspace bytes)."""
-    from memfit.device import DEFAULT_GPU
-    from memfit.device_overhead import device_overhead
-    from memfit.gpus import get_gpu
-    from memfit.report import format_bytes
-
-    if budget is not None and (
-        isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0
-    ):
-        raise BadInputError(
-            f"budget_bytes must be a positive whole number of bytes, got {budget!r}."
-        )
-    g = get_gpu(gpu) if gpu is not None else None
-    overhead = device_overhead(g or get_gpu(DEFAULT_GPU))
-    cublas = overhead.item("cublas_workspace")
-    ws = cublas.bytes if cublas is not None else 0
-    if g is None:
-        return budget, budget or 0, ws
-    total = g.total_memory_bytes
-    outside = overhead.outside_allocator_bytes()
-    if budget is None:
-        return total - outside, total, ws
-    if budget > total:
-        raise BadInputError(
-            f"budget_bytes={budget} ({format_bytes(budget)}) is more than {g.name} has "
-            f"({total} bytes, {format_bytes(total)}). Give a smaller budget or a bigger GPU."
-        )
-    if budget <= outside:
-        raise BadInputError(
-            f"budget_bytes={budget} ({format_bytes(budget)}) is smaller than the CUDA context of "
-            f"{g.name}: {outside} bytes ({format_bytes(outside)}) outside PyTorch's allocator "
-            "(context and kernels, memfit.device_overhead). Give a budget larger than that, or "
-            "leave out the GPU name to make budget_bytes the allocator's capacity."
-        )
-    return budget - outside, budget, ws
+def _storage_keys(tree: Any) -> set[int]:
+    """The StorageImpl addresses of the strided tensors in `tree`."""
+    return {
+        t.untyped_storage()._cdata
+        for t in pytree.tree_leaves(tree)
+        if isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_nested
+    }

@@ -197,9 +197,12 @@ def _notes(snap: OomState) -> list[str]:
             f"The {snap.optimizer} optimizer has no state yet: if it keeps any (Adam's moments, "
             "momentum), it is created at the first optimizer.step() and is not in these numbers."
         )
-    if not snap.block_paths:
+    if not snap.block_paths and snap.model is None:
+        notes.append("No model given (pass model= to simulate): checkpointing not priced.")
+    elif not snap.block_paths:
         notes.append(
-            "No repeated blocks known (pass model= to simulate): checkpointing not priced."
+            f"The {snap.model} model has no repeated blocks (memfit.trace.find_repeated_blocks "
+            "finds none): checkpointing not priced."
         )
     return notes
 

@@ -16,18 +16,26 @@ the memory, the bytes and the fix):
 
 * ``graph-kept-alive``: a tensor with an autograd graph made before the previous boundary is
   still alive at a boundary, i.e. it outlived a whole step: a loss kept in a variable
-  (`last_loss = loss`), outputs kept in a list without `.detach()`, or a sum built across steps
-  (`total_loss += loss`), which keeps the graph of every step. Bytes: the held tensors plus what
-  their old graph nodes saved for backward (nothing once backward ran, everything if it never
-  did), each storage once, parameters excluded (see Note [Old autograd nodes] in
-  `doctor_graph`). The `loss` of the standard loop, alive until the next step reassigns it, is
-  not reported: after `backward()` its graph holds no saved tensors.
-* ``growth``: live tensor memory at the boundaries sets a new high at `GROWTH_MIN_STEPS`
-  consecutive boundaries (new highs, not mere rises, so that varying batch shapes are not
-  growth), not counting what graph-kept-alive findings explain. Measured as
-  `torch.cuda.memory_allocated` when the model (or optimizer) is on CUDA, else as the bytes of
-  the live storages created inside the block. Boundary 0 is warm-up (gradients and optimizer
-  state appear there) and is not compared. The line is where the growing storages were made.
+  (`last_loss = loss`), outputs kept in a list without `.detach()`; or a tensor whose graph
+  chains steps (`total_loss += loss`, a hidden state not detached), which keeps the graph of
+  every step: it reaches nodes of at least two steps before the previous boundary (so from
+  the third boundary on). A graph that reaches one earlier step only is not a chain: a GAN's
+  generator loss uses the generator's output made before the discriminator's step, the
+  boundary. Bytes: the held tensors plus what their old graph nodes saved for backward
+  (nothing once backward ran, everything if it never did), each storage once, parameters
+  excluded (see Note [Old autograd nodes] in `doctor_graph`). The `loss` of the standard loop,
+  alive until the next step reassigns it, is not reported: after `backward()` its graph holds
+  no saved tensors.
+* ``growth``: what outlives steps sets a new high at `GROWTH_MIN_STEPS` consecutive boundaries
+  (new highs, not mere rises, so that varying batch shapes are not growth). Counted: the live
+  storages made inside the block before the current step, and those made from their own
+  line's value of an earlier step (`history = torch.cat([history, out])`); not the current
+  step's working set (so a curriculum's growing batches are not growth), not optimizer state
+  (made lazily: a multi-task head's first step, LBFGS history), not what graph-kept-alive
+  findings explain. Measured as `torch.cuda.memory_allocated` less those when the model (or
+  optimizer) is on CUDA, else as bytes of storages. Boundaries 0 and 1 are warm-up (gradients
+  and optimizer state appear at 0; whether a storage outlives its step shows one step later)
+  and are not compared. The line is where the growing storages were made.
 * ``eval-without-no-grad``: a forward pass run with grad enabled whose graph was freed (or was
   still alive at exit) without any backward using it. Bytes: what the death of one pass's
   graph freed, i.e. what only the graph kept alive (hidden activations, an input batch no
@@ -50,12 +58,15 @@ compiled by `torch.compile` is not seen op by op, and tensors saved inside anoth
 saved-tensor-hooks context (non-reentrant checkpointing) are not seen by the hooks; tensor
 subclasses (DTensor, wrapper tensors) are not measured; a tensor computed from parameters once
 before the loop and reused in every step is reported as kept alive; growth smaller than the
-CUDA allocator's 512-byte rounding per step is not seen on CUDA; one doctor at a time.
+CUDA allocator's 512-byte rounding per step is not seen on CUDA; a step's working set that
+grows because it is rebuilt from an earlier step's value at the same line is growth; one doctor
+at a time.
 """
 
 from __future__ import annotations
 
 import sys
+import weakref
 from contextlib import ExitStack
 from dataclasses import dataclass
 from types import TracebackType
@@ -139,6 +150,9 @@ class Doctor:
         self._used = False
         self._manual = False
         self._primary: torch.optim.Optimizer | None = optimizer
+        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        if optimizer is not None:
+            self._optimizers.add(optimizer)
 
     @property
     def steps(self) -> int:
@@ -161,11 +175,9 @@ class Doctor:
         self._used = True
         self._clock.root = sys._getframe(1)
         stack = ExitStack()
-        if self._optimizer is not None:
-            stack.callback(self._optimizer.register_step_post_hook(self._on_step).remove)
-        else:
-            hook = register_optimizer_step_post_hook(self._on_step)
-            stack.callback(hook.remove)
+        # Every optimizer's step is seen (their state is left out of growth); the boundaries
+        # are those of `self._primary`.
+        stack.callback(register_optimizer_step_post_hook(self._on_step).remove)
         stack.enter_context(self._grad)
         stack.enter_context(self._storages)
         stack.enter_context(
@@ -190,6 +202,7 @@ class Doctor:
             self._stack.close()
 
     def _on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._optimizers.add(optimizer)
         if self._manual:
             return
         if self._primary is None:
@@ -201,7 +214,7 @@ class Doctor:
         self._clock.paused = True
         try:
             with torch._C.DisableTorchFunction():  # the analysis's own tensor accesses
-                self._checks.boundary(self._cuda_device())
+                self._checks.boundary(self._cuda_device(), list(self._optimizers))
             self._book.new_burst()
             self._clock.step += 1
         finally:

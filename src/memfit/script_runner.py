@@ -19,16 +19,17 @@ from memfit.errors import BadInputError, MemfitError
 
 
 class ScriptFailed(MemfitError):
-    """The user's script raised (or exited with a non-zero status).
+    """The user's script raised (or exited with a non-zero status, or was interrupted: Ctrl-C).
 
     Raised after the caller's context has exited normally, so that whatever it measured up to
     the failure is complete and can be reported next to the script's own traceback.
 
     Attributes:
         path: the script.
-        exception: what the script raised (a `SystemExit` for a non-zero exit).
+        exception: what the script raised (a `SystemExit` for a non-zero exit, a
+            `KeyboardInterrupt` for Ctrl-C).
         traceback: the formatted traceback, starting at the script's frames.
-        exit_code: the status `python script.py` would have exited with.
+        exit_code: the status `python script.py` would have exited with (130 after Ctrl-C).
     """
 
     def __init__(self, path: str, exception: BaseException, formatted: str, exit_code: int):
@@ -52,7 +53,7 @@ def run_script(
 
     Raises:
         BadInputError: `path` is not a file (nor a directory with `__main__.py`).
-        ScriptFailed: the script raised, or exited with a non-zero status.
+        ScriptFailed: the script raised, exited with a non-zero status, or was interrupted.
 
     Example:
         >>> with_doctor = doctor()
@@ -80,8 +81,8 @@ def run_script(
             except SystemExit as e:
                 if e.code not in (None, 0):
                     failure = e
-            except Exception as e:  # the script's own error, re-raised below as ScriptFailed
-                failure = e
+            except (Exception, KeyboardInterrupt) as e:  # re-raised below as ScriptFailed
+                failure = e  # Ctrl-C too: the caller still reports what it saw up to then
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path
@@ -92,10 +93,14 @@ def run_script(
         ) from failure
 
 
+#: The status of a process ended by SIGINT (Ctrl-C), as shells report it: 128 + 2.
+EXIT_INTERRUPTED = 130
+
+
 def _exit_code(e: BaseException) -> int:
     if isinstance(e, SystemExit):
         return e.code if isinstance(e.code, int) else 1
-    return 1
+    return EXIT_INTERRUPTED if isinstance(e, KeyboardInterrupt) else 1
 
 
 def _format(e: BaseException, script: str) -> str:

@@ -1,0 +1,43 @@
+"""The allocator capacity of a GPU simulated by `memfit.simulate` (see its module docstring)."""
+
+from __future__ import annotations
+
+from memfit.errors import BadInputError
+
+
+def simulated_capacity(gpu: str | None, budget: int | None) -> tuple[int | None, int, int]:
+    """(allocator capacity or None, total for the OOM message, cuBLAS workspace bytes)."""
+    from memfit.device import DEFAULT_GPU
+    from memfit.device_overhead import device_overhead
+    from memfit.gpus import get_gpu
+    from memfit.report import format_bytes
+
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0
+    ):
+        raise BadInputError(
+            f"budget_bytes must be a positive whole number of bytes, got {budget!r}."
+        )
+    g = get_gpu(gpu) if gpu is not None else None
+    overhead = device_overhead(g or get_gpu(DEFAULT_GPU))
+    cublas = overhead.item("cublas_workspace")
+    ws = cublas.bytes if cublas is not None else 0
+    if g is None:
+        return budget, budget or 0, ws
+    total = g.total_memory_bytes
+    outside = overhead.outside_allocator_bytes()
+    if budget is None:
+        return total - outside, total, ws
+    if budget > total:
+        raise BadInputError(
+            f"budget_bytes={budget} ({format_bytes(budget)}) is more than {g.name} has "
+            f"({total} bytes, {format_bytes(total)}). Give a smaller budget or a bigger GPU."
+        )
+    if budget <= outside:
+        raise BadInputError(
+            f"budget_bytes={budget} ({format_bytes(budget)}) is smaller than the CUDA context of "
+            f"{g.name}: {outside} bytes ({format_bytes(outside)}) outside PyTorch's allocator "
+            "(context and kernels, memfit.device_overhead). Give a budget larger than that, or "
+            "leave out the GPU name to make budget_bytes the allocator's capacity."
+        )
+    return budget - outside, budget, ws
