@@ -300,7 +300,7 @@ class Tracker(TorchDispatchMode):
         return [(self.param_owner, self.param_module)]
 
     def _origin_of_tensor(self, t: torch.Tensor) -> tuple[int, str]:
-        sid = self._live.get(id(t.untyped_storage()))
+        sid = self.sid_of(t)
         if sid is None:
             return (-1, "")
         rec = self.records[sid]
