@@ -211,3 +211,4 @@ def test_estimate_over_gpus_shards_parameters():
     ratio = four["breakdown"]["parameters"] / one["breakdown"]["parameters"]
     assert 0.249 < ratio < 0.252
     assert "FSDP over 4 GPUs" in four["workload"]["techniques"]
+    assert four["workload"]["gpus"] == 4 and one["workload"]["gpus"] == 1

@@ -106,6 +106,7 @@ def to_json(est: Estimate) -> dict[str, Any]:
             "attention_kernel": est.attention_backend,
             "techniques": w.techniques(),
             "gpu": est.gpu.name if est.gpu is not None else None,
+            "gpus": w.gpus,
             "repeated_blocks": est.num_blocks,
             "replayed": est.replayed,
         },
