@@ -104,14 +104,16 @@ def apply_(
     target = torch.device(device) if device is not None else _model_device(model)
     build = _Build(model=model, device=target)
     ordered = sorted(seen.values(), key=lambda c: _ORDER.index(type(c)))
-    placed = False
+    # The model is placed on its device once its parameters are final (after the precision
+    # cast) and before anything wraps its modules.
+    cut = _ORDER.index(PrecisionConfig) + 1
     for c in ordered:
-        if not placed and _ORDER.index(type(c)) > _ORDER.index(PrecisionConfig):
-            _place(build, seen.get(EmbeddingOnCpuConfig))  # type: ignore[arg-type]
-            placed = True
-        _apply_one(c, build)
-    if not placed:
-        _place(build, None)
+        if _ORDER.index(type(c)) < cut:
+            _apply_one(c, build)
+    _place(build, seen.get(EmbeddingOnCpuConfig))  # type: ignore[arg-type]
+    for c in ordered:
+        if _ORDER.index(type(c)) >= cut:
+            _apply_one(c, build)
     return TrainSetup(
         model=model,
         optimizer=build.optimizer,

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from memfit.profile import MemoryProfile
-from memfit.tracer import Tracker
+from memfit.tracer import Tracker, parameter_modules
 
 #: Allocator events kept by `record_history` (PyTorch's default is 100,000 too).
 HISTORY_ENTRIES = 100_000
@@ -278,10 +278,7 @@ def _measuring(m: Measurement) -> Iterator[Measurement]:
 def _register_model(tracker: Tracker, model: torch.nn.Module) -> list[Any]:
     """Count the model's parameters, buffers and gradients; hook new gradients."""
     handles = []
-    module_of = {
-        id(p): n.rsplit(".", 1)[0] if "." in n else ""
-        for n, p in model.named_parameters(remove_duplicate=False)
-    }
+    module_of = parameter_modules(model)
     for _n, p in model.named_parameters():
         mod = module_of[id(p)]
         owner = tracker.owner_of_path(mod)

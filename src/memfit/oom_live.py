@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from memfit.tracer import ALLOC, Event, StorageRecord, cuda_block_size
+from memfit.profile import live_sids
+from memfit.tracer import Event, StorageRecord, cuda_block_size
 
 
 def explain_live(
@@ -24,13 +25,7 @@ def explain_live(
         return render_oom(explain_oom(error))
     from memfit.report import format_bytes, grouped_modules
 
-    alive: dict[int, None] = {}
-    for ev in events:
-        if ev[0] == ALLOC:
-            alive[ev[1]] = None
-        else:
-            alive.pop(ev[1], None)
-    recs = [records[s] for s in alive if not records[s].host]
+    recs = [records[s] for s in live_sids(events) if not records[s].host]
     by_cat: dict[str, int] = defaultdict(int)
     by_mod: dict[str, int] = defaultdict(int)
     for r in recs:

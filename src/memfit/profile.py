@@ -20,6 +20,17 @@ from typing import Any
 from memfit.tracer import ALLOC, CATEGORIES, Event, StorageRecord, cuda_block_size
 
 
+def live_sids(events: Iterable[Event]) -> list[int]:
+    """The storages still allocated after `events`, in allocation order."""
+    alive: dict[int, None] = {}
+    for ev in events:
+        if ev[0] == ALLOC:
+            alive[ev[1]] = None
+        else:
+            alive.pop(ev[1], None)
+    return list(alive)
+
+
 @dataclass(frozen=True, kw_only=True)
 class PhasePeak:
     step: int
@@ -97,13 +108,7 @@ class MemoryProfile:
                 peak, peak_i = live, i
         if not events:
             peak = 0
-        # Live set at the peak.
-        alive: dict[int, None] = {}
-        for ev in events[: peak_i + 1]:
-            if ev[0] == ALLOC:
-                alive[ev[1]] = None
-            else:
-                alive.pop(ev[1], None)
+        alive = live_sids(events[: peak_i + 1])
         breakdown = dict.fromkeys(CATEGORIES, 0)
         by_module: dict[str, int] = defaultdict(int)
         for sid in alive:

@@ -32,7 +32,7 @@ from memfit.cuda_emulation import CudaEmulation
 from memfit.errors import BadInputError, TraceError
 from memfit.optimizers import build_optimizer, host_state_keys
 from memfit.sources import ModelSpec
-from memfit.tracer import Event, StorageRecord, Tracker
+from memfit.tracer import Event, StorageRecord, Tracker, parameter_modules
 from memfit.train_setup import call_model
 from memfit.workload import Workload
 
@@ -262,8 +262,7 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
     host_keys = host_state_keys(optimizer) if optimizer is not None else frozenset()
     tracker.optimizer_host_scalars = "step" in host_keys
 
-    module_of = {id(p): n.rsplit(".", 1)[0] if "." in n else "" for n, p in
-                 model.named_parameters(remove_duplicate=False)}  # fmt: skip
+    module_of = parameter_modules(model)
     owner_of_module = tracker.owner_of_path
 
     if optimizer is not None:

@@ -84,6 +84,15 @@ def memory_tensor(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def parameter_modules(model: torch.nn.Module) -> dict[int, str]:
+    """id(parameter) -> path of the module holding it ("" at the top); a tied parameter maps
+    to the last module that holds it."""
+    return {
+        id(p): n.rsplit(".", 1)[0] if "." in n else ""
+        for n, p in model.named_parameters(remove_duplicate=False)
+    }
+
+
 def cuda_block_size(nbytes: int) -> int:
     """Bytes the CUDA caching allocator reserves for a request (CUDACachingAllocator round_size).
 
