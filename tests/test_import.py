@@ -38,10 +38,14 @@ def test_inputs_are_categorised_and_released():
     import memfit
 
     est = memfit.estimate("gpt2", memfit.Workload(batch_size=2, seq_len=16, mode="inference"))
-    # The causal-LM batch holds input_ids and labels: two int64 tensors of 2 x 16 x 8 = 256 B,
-    # each rounded up to one 512-B allocator block, alive during the forward (the peak).
+    # Inference passes input_ids only (no labels, no loss): one int64 tensor of 2 x 16 x 8 =
+    # 256 B, rounded up to one 512-B allocator block, alive during the forward (the peak).
     assert est.profile.peak_phase == "forward"
-    assert est.profile.breakdown["inputs"] == 2 * 512
+    assert est.profile.breakdown["inputs"] == 512
+    assert est.profile.peak_op != "nll_loss_forward.default"
+    train = memfit.estimate("gpt2", memfit.Workload(batch_size=2, seq_len=16, optimizer="sgd"))
+    assert any(ev[4] == "nll_loss_forward.default" for ev in train.profile.events)
+    assert not any(ev[4] == "nll_loss_forward.default" for ev in est.profile.events)
 
 
 def test_verbs_are_functions_not_submodules():

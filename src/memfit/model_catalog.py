@@ -280,4 +280,17 @@ def _build_hf(
                 model = auto_class.from_config(config, dtype=dtype, attn_implementation="eager")
     finally:
         hf_logging.set_verbosity(previous)
+    if getattr(model, "loss_type", None) is None and task in _LOSS_TYPES:
+        # The loss transformers falls back to anyway for class names it does not map (e.g.
+        # GPT2LMHeadModel), named so that the forward does not warn about it.
+        model.loss_type = _LOSS_TYPES[task]
     return model
+
+
+#: transformers' LOSS_MAPPING keys for the heads memfit builds.
+_LOSS_TYPES = {
+    "causal-lm": "ForCausalLM",
+    "masked-lm": "ForMaskedLM",
+    "seq-classification": "ForSequenceClassification",
+    "token-classification": "ForTokenClassification",
+}

@@ -143,6 +143,8 @@ def _make_batch(spec: ModelSpec, model: torch.nn.Module, w: Workload, dtype: tor
         vocab = int(getattr(cfg, "vocab_size", 32000) or 32000)
         ids = torch.randint(0, vocab, (b, s))
         batch: dict[str, Any] = {"input_ids": ids}
+        if not w.training and kind == "tokens":
+            return batch  # inference: logits only, no loss (serving, generation's prefill)
         if spec.task in ("causal-lm", "masked-lm", "token-classification", "seq2seq-lm"):
             batch["labels"] = torch.randint(
                 0, vocab if spec.task != "token-classification" else 2, (b, s)
@@ -156,6 +158,8 @@ def _make_batch(spec: ModelSpec, model: torch.nn.Module, w: Workload, dtype: tor
         labels = torch.randint(0, 1000, (b,))
         if spec.loss == "cross_entropy":
             return (x, labels)
+        if not w.training:
+            return {"pixel_values": x}
         return {"pixel_values": x, "labels": labels}
     if kind == "audio":
         mels = int(getattr(cfg, "num_mel_bins", 80))
