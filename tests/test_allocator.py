@@ -400,26 +400,40 @@ def test_release_available_cached_blocks():
 
 def test_garbage_collection_needs_memory_fraction():
     events = [(1, 0, 30 * MiB), (-1, 0, 0), (1, 1, 40 * MiB), (-1, 1, 0), (1, 2, 50 * MiB)]
-    gc = AllocatorConfig(per_process_memory_fraction=1.0, garbage_collection_threshold=0.5)
+    gc = AllocatorConfig(per_process_memory_fraction=0.999, garbage_collection_threshold=0.5)
     r = simulate(events, capacity_bytes=100 * MiB, config=gc)
-    # At event 4 reserved = 70 MiB > 0.5 * 100: garbage_collect_cached_blocks frees
-    # unsplit cached blocks at least as old as the average. Ages in get_free_block calls:
-    # the 30 MiB block was cached after call 1, the 40 MiB one after call 2, now call 3:
-    # ages 2 and 1, average 1.5 -> only the 30 MiB segment goes (reclaims >= 20 MiB).
-    # Then 40 + 50 <= 100 fits: reserved 90 MiB.
+    # allowed = 0.999 * 100 MiB = 99.9 MiB. At event 4 reserved = 70 MiB > 0.5 * 99.9:
+    # garbage_collect_cached_blocks frees unsplit cached blocks at least as old as the
+    # average. Ages in get_free_block calls: the 30 MiB block was cached after call 1, the
+    # 40 MiB one after call 2, now call 3: ages 2 and 1, average 1.5 -> only the 30 MiB
+    # segment goes (reclaims >= 70 - 49.95 MiB). Then 40 + 50 <= 99.9 fits: reserved 90 MiB.
     assert r.final_reserved_bytes == 90 * MiB
-    # Without GC: 70 + 50 > 100 -> release_cached_blocks frees both -> 50 MiB.
+    # Without GC: 70 + 50 > 99.9 -> release_cached_blocks frees both -> 50 MiB.
     no_gc = simulate(
-        events, capacity_bytes=100 * MiB, config=AllocatorConfig(per_process_memory_fraction=1.0)
+        events, capacity_bytes=100 * MiB, config=AllocatorConfig(per_process_memory_fraction=0.999)
     )
     assert no_gc.final_reserved_bytes == 50 * MiB
-    # As in PyTorch, the threshold alone (no memory fraction) does nothing.
-    only_threshold = simulate(
-        events,
-        capacity_bytes=100 * MiB,
-        config=AllocatorConfig(garbage_collection_threshold=0.5),
-    )
-    assert only_threshold.final_reserved_bytes == 50 * MiB
+    # As in PyTorch, the threshold alone (no memory fraction) does nothing; nor does it with a
+    # fraction of 1.0, which sets no limit (setMemoryFraction, PyTorch >= 2.10).
+    for cfg in (
+        AllocatorConfig(garbage_collection_threshold=0.5),
+        AllocatorConfig(per_process_memory_fraction=1.0, garbage_collection_threshold=0.5),
+    ):
+        assert simulate(events, capacity_bytes=100 * MiB, config=cfg).final_reserved_bytes == (
+            50 * MiB
+        )
+
+
+def test_memory_fraction_is_of_the_device_total():
+    # setMemoryFraction multiplies totalGlobalMem, not what is left after the CUDA context.
+    cfg = AllocatorConfig(per_process_memory_fraction=0.5)
+    events = [(1, 0, 40 * MiB), (1, 1, 20 * MiB)]
+    r = simulate(events, capacity_bytes=90 * MiB, total_bytes=120 * MiB, config=cfg)
+    assert r.oom is None and r.peak_reserved_bytes == 60 * MiB  # allowed 60 MiB, not 45
+    assert simulate(events, capacity_bytes=90 * MiB, config=cfg).oom is not None
+    # A fraction of 0 is valid, as in PyTorch: nothing can be allocated.
+    zero = AllocatorConfig(per_process_memory_fraction=0.0)
+    assert simulate(events, capacity_bytes=90 * MiB, config=zero).oom is not None
 
 
 def test_memory_fraction_caps_reserved():

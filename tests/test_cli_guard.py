@@ -117,7 +117,7 @@ def test_find_batch_counts_every_model_and_ignores_parameterless_modules(tmp_pat
             ).batch_size
     # D's 4 MiB of weights (1024 x 1024 fp32) and their gradients cost batches: counting both
     # models gives the smaller answer, and the command counts both.
-    assert found == {"both": 768, "G": 1024}
+    assert found == {"both": 1008, "G": 1024}
     assert json.loads(res.stdout)["batch_size"] == found["both"]
 
 

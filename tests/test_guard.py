@@ -379,7 +379,7 @@ def deep_model() -> nn.Module:
 
 
 def test_find_batch_size_matches_the_estimate():
-    budget = 22 * MiB
+    budget = 24 * MiB
     model = deep_model()
     opt = build_optimizer("sgd", list(model.parameters()))
 

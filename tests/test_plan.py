@@ -148,9 +148,10 @@ def test_plan_over_two_gpus_shards_with_fsdp():
     assert w.gpus == 2 and w.batch_size * w.grad_accum == 4
     one = plan("gpt2", gpu="t4", goal=Goal(global_batch=4, seq_len=256), forbid=("adafactor",))
     assert one.best is not None
-    # gpt2 in fp32: 124,439,808 parameters; each rank holds about half.
+    # gpt2 in fp32: 124,439,808 parameters; each rank holds about half. (Bytes are allocator
+    # blocks: a shard whose segment's rest is 1 MiB or less gets the whole rest.)
     shard = p.best.estimate.profile.breakdown["parameters"]
-    assert 0.49 < shard / one.best.estimate.profile.breakdown["parameters"] < 0.51
+    assert 0.49 < shard / one.best.estimate.profile.breakdown["parameters"] < 0.52
     est = memfit.estimate("gpt2", w, gpu="t4")
     assert est.profile.peak_allocated_bytes == p.best.estimate.profile.peak_allocated_bytes
     assert "FSDP over 2 GPUs" in w.techniques()

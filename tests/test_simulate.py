@@ -4,10 +4,11 @@ Hand numbers used below:
 - the CUDA caching allocator rounds requests to 512 B, packs requests <= 1 MiB into 2 MiB
   segments, gives 1-10 MiB requests a 20 MiB segment and larger ones their size rounded up to
   2 MiB (CUDACachingAllocator.cpp);
-- the cuBLAS workspace (memfit.device_overhead) is 2 (handle, stream) pairs x
-  (2 x 4096 KiB + 8 x 16 KiB) = 2 x 8,519,680 = 17,039,360 B before Hopper (the default GPU,
-  a100-80gb, is sm80), and 2 x 32 MiB on sm90: a > 10 MiB request, so its own segment of
-  9 x 2 MiB = 18 MiB (resp. 64 MiB);
+- a cuBLAS workspace (memfit.device_overhead) is 2 x 4096 KiB + 8 x 16 KiB = 8,519,680 B per
+  (handle, stream) before Hopper (the default GPU, a100-80gb, is sm80), 32 MiB on sm90. The
+  caller's thread gets one at its first matmul, the autograd thread (backward) another at its
+  first. 8,519,680 B is a 1-10 MiB request: a 20 MiB segment, split, whose 11.875 MiB rest
+  then holds the second workspace too;
 - outside the allocator on an RTX 4090 (128 SMs x 1536 threads x 1 KiB stack + 176 MiB driver
   state + 128 MiB lazily loaded kernels) = 496 MiB = 520,093,696 B; on a T4 (40 SMs x 1024
   threads) 344 MiB.
@@ -38,8 +39,8 @@ from memfit.sources import resolve_model
 from memfit.tracer import ALLOC
 
 MiB = 1 << 20
-WORKSPACE = 2 * (2 * 4096 * 1024 + 8 * 16 * 1024)  # 17,039,360
-WORKSPACE_SEGMENT = 9 * 2 * MiB
+WORKSPACE = 2 * 4096 * 1024 + 8 * 16 * 1024  # 8,519,680, one (handle, stream)
+WORKSPACE_SEGMENT = 20 * MiB
 W0, W2, W4 = 512 * 64 * 4, 512 * 512 * 4, 16 * 512 * 4
 PARAMS = W0 + W2 + W4  # 1,212,416
 BATCH = 256
@@ -95,11 +96,27 @@ def test_cublas_workspace_at_the_first_matmul():
     assert [(t.nbytes, t.op) for t in ws] == [(WORKSPACE, "mm.default")]
     with simulate("h100-sxm") as hopper:
         y = x @ w
-    assert hopper.allocated_bytes == 2 * 32 * MiB + 512
+    assert hopper.allocated_bytes == 32 * MiB + 512
     with simulate(workspaces=False) as none:
         y = x @ w
     assert none.allocated_bytes == 512
     del y, z
+
+
+def test_backward_gets_its_own_cublas_workspace():
+    # Backward runs on the autograd engine's thread, with its own cuBLAS handle: a second
+    # workspace at its first matmul, which fits in the rest of the first one's 20 MiB segment.
+    x, w = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True)
+    with simulate() as gpu:
+        (x @ w).sum().backward()
+    ws = [t for t in gpu.live_tensors() if t.category == "workspaces"]
+    in_backward = [(t.nbytes, t.phase == "backward") for t in ws]
+    assert in_backward == [(WORKSPACE, False), (WORKSPACE, True)]
+    assert gpu.reserved_bytes == WORKSPACE_SEGMENT + 2 * MiB
+    with simulate() as inference, torch.no_grad():
+        x @ w
+        x @ w
+    assert [t.nbytes for t in inference.live_tensors() if t.category == "workspaces"] == [WORKSPACE]
 
 
 def test_capacity_is_the_gpu_minus_what_lives_outside_the_allocator():
@@ -222,13 +239,15 @@ def test_a_loop_that_fits_runs_with_the_estimated_peaks(estimate_stream):
     free_run = replay(stream)
     gpu, err = run_simulated(free_run.peak_reserved_bytes)
     assert err is None
+    # At the peak (backward): both workspaces, the weights and the live activations.
     assert gpu.peak_allocated_bytes == est.profile.peak_allocated_bytes == 20_972_544
-    assert gpu.peak_reserved_bytes == free_run.peak_reserved_bytes == 24 * MiB
+    # The workspaces' 20 MiB segment and three 2 MiB small segments.
+    assert gpu.peak_reserved_bytes == free_run.peak_reserved_bytes == 26 * MiB
 
 
 @pytest.mark.parametrize(
     ("budget_mib", "op", "module", "phase"),
-    [(20, "relu.default", "1", "forward"), (22, "mm.default", "2", "backward")],
+    [(22, "relu.default", "1", "forward"), (24, "mm.default", "2", "backward")],
 )
 def test_oom_at_the_op_the_estimate_predicts(estimate_stream, budget_mib, op, module, phase):
     _, events, stream = estimate_stream
@@ -248,7 +267,7 @@ def test_oom_at_the_cublas_workspace(estimate_stream):
     # The estimate puts the workspace in its own event before the first forward allocation;
     # simulate allocates it inside that op (mm of module 0), as a real run would report it.
     _, events, stream = estimate_stream
-    budget = 19 * MiB
+    budget = 21 * MiB  # the parameters' 2 MiB small segment + a 20 MiB segment do not fit
     predicted = replay(stream, capacity_bytes=budget).oom
     ev = events[predicted.event_index]
     after = next(e for e in events[predicted.event_index + 1 :] if e[0] == ALLOC)
@@ -263,7 +282,7 @@ def test_oom_at_the_cublas_workspace(estimate_stream):
 
 
 def test_explain_oom_in_forward(estimate_stream):
-    gpu, err = run_simulated(20 * MiB)
+    gpu, err = run_simulated(22 * MiB)
     report = explain_oom(err, gpu)
     # Live at relu of module 1 in the first forward: the weights, the workspace, the batch
     # (256 x 64 x 4) and the output of module 0 (256 x 512 x 4).
@@ -276,7 +295,7 @@ def test_explain_oom_in_forward(estimate_stream):
         "<top>": WORKSPACE + BATCH * 64 * 4, "2": W2, "0": W0 + BATCH * 512 * 4, "4": W4,
     }  # fmt: skip
     assert (report.op, report.module, report.phase) == ("relu.default", "1", "forward")
-    # relu's 512 KiB output needs a new 2 MiB small segment; 20 MiB are all reserved.
+    # relu's 512 KiB output needs a new 2 MiB small segment; 22 MiB are all reserved.
     assert (report.alloc_bytes, report.free_bytes, report.shortfall_bytes) == (2 * MiB, 0, 2 * MiB)
     top = report.top_tensors[0]
     assert (top.category, top.nbytes, top.op) == ("workspaces", WORKSPACE, "mm.default")

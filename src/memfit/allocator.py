@@ -36,8 +36,10 @@ Modelled
   ``map_block``); best fit prefers blocks not at the growing end (``get_free_block``);
   ``release_cached_blocks`` unmaps whole free pages (``unmap_block``).
 * ``empty_cache`` (= ``release_cached_blocks``).
-* ``per_process_memory_fraction`` (``setMemoryFraction``): allowed = fraction *
-  ``capacity_bytes`` (PyTorch multiplies the device total); it also switches on GC.
+* ``per_process_memory_fraction`` (``setMemoryFraction``): allowed = fraction * the
+  device total (``total_bytes``, default ``capacity_bytes``); a fraction below 1 caps
+  cudaMalloc and switches on GC. 1.0 sets no cap and no GC (PyTorch >= 2.10; 2.5-2.9
+  turned GC on for 1.0 too).
 
 Not modelled
 ------------
@@ -165,6 +167,10 @@ class AllocatorResult:
     num_segments_at_peak: int
     oom: OutOfMemory | None
     reserved_timeline: tuple[int, ...] | None
+    #: With ``record_blocks``: the size of the block each allocation got, by key. It is what
+    #: ``memory_allocated`` counts for it: the rounded request, or more when the rest of the
+    #: block was too small to split off (large pool: 1 MiB or less).
+    block_bytes: dict[int, int] | None = None
 
 
 class _Block:
@@ -233,11 +239,17 @@ class CachingAllocator:
 
     ``malloc(size)`` returns a block id (the block's simulated address) or raises
     :class:`OutOfMemoryError`; ``free(block_id)`` returns it to the cache.
-    ``capacity_bytes`` is the memory cudaMalloc may use (None: unlimited).
+    ``capacity_bytes`` is the memory cudaMalloc may use (None: unlimited); ``total_bytes``
+    the device's total, which ``per_process_memory_fraction`` is a fraction of (default:
+    ``capacity_bytes``).
     """
 
     def __init__(
-        self, config: AllocatorConfig | None = None, *, capacity_bytes: int | None = None
+        self,
+        config: AllocatorConfig | None = None,
+        *,
+        capacity_bytes: int | None = None,
+        total_bytes: int | None = None,
     ) -> None:
         self.config = cfg = config if config is not None else AllocatorConfig()
         if capacity_bytes is not None and capacity_bytes < 0:
@@ -259,14 +271,17 @@ class CachingAllocator:
         self._mns = cfg.max_non_split_rounding_bytes
         self._has_mss = cfg.max_split_size is not None
         fraction = cfg.per_process_memory_fraction
-        # setMemoryFraction: allowed_memory_maximum = fraction * total; "set_fraction".
+        # setMemoryFraction: allowed_memory_maximum = fraction * device total, set only for a
+        # fraction below 1 (PyTorch >= 2.10; before, 1.0 also set it and so enabled GC).
         self._allowed: int | None = None
-        if fraction is not None:
-            if capacity_bytes is None:
+        if fraction is not None and fraction < 1.0:
+            total = total_bytes if total_bytes is not None else capacity_bytes
+            if total is None:
                 raise BadInputError(
-                    "per_process_memory_fraction needs a device capacity: pass capacity_bytes."
+                    "per_process_memory_fraction needs the device's total memory: pass "
+                    "total_bytes (or capacity_bytes)."
                 )
-            self._allowed = int(fraction * capacity_bytes)
+            self._allowed = int(fraction * total)
         gc = cfg.garbage_collection_threshold
         # malloc / get_free_block: GC only runs when set_fraction && threshold > 0.
         self._gc_on = self._allowed is not None and gc is not None
@@ -683,7 +698,9 @@ def simulate(
     *,
     config: AllocatorConfig = AllocatorConfig(),  # noqa: B008 (frozen, immutable)
     capacity_bytes: int | None = None,
+    total_bytes: int | None = None,
     record_timeline: bool = False,
+    record_blocks: bool = False,
 ) -> AllocatorResult:
     """Replay ``(kind, key, size)`` events through a :class:`CachingAllocator`.
 
@@ -691,10 +708,13 @@ def simulate(
     under ``key`` (size ignored). A 0-byte allocation takes no memory, as in PyTorch's
     ``NativeCachingAllocator::allocate``. Stops at the first allocation that does not fit
     in ``capacity_bytes`` (then ``oom`` is set). Peaks are ``max_memory_allocated`` /
-    ``max_memory_reserved`` equivalents; indices are event indices.
+    ``max_memory_reserved`` equivalents; indices are event indices. ``total_bytes`` is the
+    device's total memory, which ``per_process_memory_fraction`` is a fraction of (default:
+    ``capacity_bytes``).
     """
-    alloc = CachingAllocator(config, capacity_bytes=capacity_bytes)
+    alloc = CachingAllocator(config, capacity_bytes=capacity_bytes, total_bytes=total_bytes)
     held: dict[int, int | None] = {}
+    blocks: dict[int, int] | None = {} if record_blocks else None
     timeline: list[int] | None = [] if record_timeline else None
     peak_alloc = 0
     peak_index = -1
@@ -716,10 +736,13 @@ def simulate(
                 held[key] = None
             else:
                 try:
-                    held[key] = malloc(size)
+                    block_id = malloc(size)
                 except OutOfMemoryError as e:
                     oom = replace(e.oom, event_index=index)
                     break
+                held[key] = block_id
+                if blocks is not None:
+                    blocks[key] = alloc._live[block_id].size
                 if alloc._allocated > peak_alloc:
                     peak_alloc = alloc._allocated
                     peak_index = index
@@ -728,9 +751,9 @@ def simulate(
         elif kind == -1:
             if key not in held:
                 raise BadInputError(f"event {index}: free of key {key} that is not allocated.")
-            block_id = held.pop(key)
-            if block_id is not None:
-                free(block_id)
+            held_id = held.pop(key)
+            if held_id is not None:
+                free(held_id)
         else:
             raise BadInputError(f"event {index}: kind must be +1 or -1, got {kind!r}.")
         if alloc._peak_reserved > peak_reserved:
@@ -755,4 +778,5 @@ def simulate(
         num_segments_at_peak=segments_at_peak,
         oom=oom,
         reserved_timeline=tuple(timeline) if timeline is not None else None,
+        block_bytes=blocks,
     )

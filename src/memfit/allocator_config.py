@@ -128,20 +128,25 @@ class AllocatorConfig:
                 f"got {lss!r}."
             )
         # parseMaxSplitSize / parseMaxNonSplitRoundingSize: must be >= large segment size.
-        for name in ("max_split_size", "max_non_split_rounding_size"):
+        for name, key in (
+            ("max_split_size", "max_split_size_mb"),
+            ("max_non_split_rounding_size", "max_non_split_rounding_mb"),
+        ):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < lss):
+                got = f"{v // MIB} MiB" if isinstance(v, int) and v % MIB == 0 else repr(v)
                 raise BadInputError(
-                    f"{name} must be None or an int >= {lss} bytes ({lss // MIB} MiB, the "
-                    f"large segment size), got {v!r}."
+                    f"{key} must be at least {lss // MIB} (MiB, the large segment size), got "
+                    f"{got}. ({name} = {v!r} bytes.)"
                 )
         gc = self.garbage_collection_threshold
         # parseGarbageCollectionThreshold: "set it in (0.0, 1.0)".
         if gc is not None and not (isinstance(gc, int | float) and 0.0 < gc < 1.0):
             raise BadInputError(f"garbage_collection_threshold must be in (0.0, 1.0), got {gc!r}.")
         fr = self.per_process_memory_fraction
-        if fr is not None and not (isinstance(fr, int | float) and 0.0 < fr <= 1.0):
-            raise BadInputError(f"per_process_memory_fraction must be in (0.0, 1.0], got {fr!r}.")
+        # setMemoryFraction: "invalid fraction ... Please set within [0, 1]".
+        if fr is not None and not (isinstance(fr, int | float) and 0.0 <= fr <= 1.0):
+            raise BadInputError(f"per_process_memory_fraction must be in [0.0, 1.0], got {fr!r}.")
         div = self.roundup_power2_divisions
         if div is None:
             pass
@@ -249,9 +254,7 @@ class AllocatorConfig:
             if i < n:
                 if toks[i] != ",":
                     raise _malformed(conf, f"expected ',' after the value of {key!r}")
-                i += 1
-                if i >= n:
-                    raise _malformed(conf, "trailing ','")
+                i += 1  # a trailing ',' is accepted, as PyTorch's parser does
             _apply_key(conf, key, value, kw)
         # parseArgs reads large_segment_size_mb first; the minimum of the other sizes follows it.
         try:

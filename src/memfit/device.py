@@ -110,19 +110,28 @@ def summarize(
 
 
 def add_workspaces(
-    records: dict[int, StorageRecord], events: list[Event], nbytes: int
+    records: dict[int, StorageRecord], events: list[Event], nbytes: int, pairs: int = 1
 ) -> tuple[dict[int, StorageRecord], list[Event]]:
-    """Insert the cuBLAS workspace allocation before the first forward event."""
-    if nbytes <= 0:
+    """Insert the cuBLAS workspaces: `pairs` (1 or 2) allocations of `nbytes` each.
+
+    The first comes before the first forward event (the main thread's handle); a second
+    before the first backward event (the autograd engine's thread has its own handle).
+    """
+    if nbytes <= 0 or pairs <= 0:
         return records, events
-    sid = max(records, default=-1) + 1
-    at = next((i for i, ev in enumerate(events) if ev[2] == "forward"), len(events))
-    step = events[at][3] if at < len(events) else 0
-    rec = StorageRecord(sid, nbytes, "workspaces", "forward", step, "cublas_workspace", "", -1, 0)
     new_records = dict(records)
-    new_records[sid] = rec
-    ev: Event = (ALLOC, sid, "forward", step, "cublas_workspace", "", -1)
-    return new_records, [*events[:at], ev, *events[at:]]
+    new_events = list(events)
+    for phase in ("forward", "backward")[:pairs]:
+        at = next((i for i, ev in enumerate(new_events) if ev[2] == phase), None)
+        if at is None:
+            at = next((i for i, ev in enumerate(new_events) if ev[2] == "forward"), len(new_events))
+        step = new_events[at][3] if at < len(new_events) else 0
+        sid = max(new_records, default=-1) + 1
+        new_records[sid] = StorageRecord(
+            sid, nbytes, "workspaces", phase, step, "cublas_workspace", "", -1, 0
+        )
+        new_events.insert(at, (ALLOC, sid, phase, step, "cublas_workspace", "", -1))
+    return new_records, new_events
 
 
 def uses_convolution(events: list[Event]) -> bool:
@@ -134,7 +143,11 @@ def attach_device_memory(
     alloc_conf: AllocatorConfig | None = None, n_gpus: int = 1,
 ) -> MemoryProfile:  # fmt: skip
     """Fill `est.profile` (built here) with reserved and device memory, and `est.fits`."""
-    from memfit.device_overhead import device_overhead
+    from memfit.device_overhead import (
+        CUBLAS_HANDLE_STREAM_PAIRS,
+        CUBLAS_HANDLE_STREAM_PAIRS_INFERENCE,
+        device_overhead,
+    )
     from memfit.gpus import get_gpu
 
     gpu = est.gpu or get_gpu(DEFAULT_GPU)
@@ -145,22 +158,42 @@ def attach_device_memory(
         embedding_path=getattr(est, "embedding_path", None) if w.embedding_on_cpu else None,
     )
     conv = uses_convolution(events)
-    overhead = device_overhead(gpu, n_gpus=n_gpus, uses_conv=conv)
+    overhead = device_overhead(gpu, n_gpus=n_gpus, uses_conv=conv, training=w.training)
     cublas = overhead.item("cublas_workspace")
     est.records_summary = summarize(records, est.embedding_path, micro_batches(w))
-    records, events = add_workspaces(records, events, cublas.bytes if cublas else 0)
-    profile = MemoryProfile.from_events(records, events)
+    pairs = CUBLAS_HANDLE_STREAM_PAIRS if w.training else CUBLAS_HANDLE_STREAM_PAIRS_INFERENCE
+    per_pair = cublas.bytes // pairs if cublas else 0
+    records, events = add_workspaces(records, events, per_pair, pairs)
     stream = [
         (1 if ev[0] == ALLOC else -1, ev[1], 0 if records[ev[1]].host else records[ev[1]].nbytes)
         for ev in events
         if ev[0] in (ALLOC, FREE)
     ]
     cfg = alloc_conf or AllocatorConfig()
-    free_run = simulate(stream, config=cfg)
+    capacity = gpu.total_memory_bytes
+    outside = overhead.outside_allocator_bytes()
     cudnn = overhead.item("cudnn_conv_workspace")
     cudnn_bytes = cudnn.bytes if (cudnn and conv) else 0
-    outside = overhead.outside_allocator_bytes()
-    reserved = free_run.peak_reserved_bytes + cudnn_bytes
+    # The memory the traced tensors can get: the device less what the allocator never sees,
+    # less the cuDNN workspace (allocated through it, but not part of the trace).
+    allocator_capacity = capacity - outside - cudnn_bytes
+    run = simulate(stream, config=cfg, total_bytes=capacity, record_blocks=True)
+    failed = run if run.oom is not None else None  # only a memory fraction caps this run
+    if est.gpu is not None and failed is None and 0 < allocator_capacity < run.peak_reserved_bytes:
+        # On this GPU cudaMalloc fails first; PyTorch then frees its cache and retries, so a
+        # step that needs more than fits can still run, with less reserved.
+        bounded = simulate(
+            stream, config=cfg, capacity_bytes=allocator_capacity, total_bytes=capacity,
+            record_blocks=True,
+        )  # fmt: skip
+        if bounded.oom is None:
+            run = bounded
+        else:
+            failed = bounded
+    # Allocated as PyTorch counts it: whole blocks (a block is not split when the rest would
+    # be too small), not requested bytes.
+    profile = MemoryProfile.from_events(records, events, block_bytes=run.block_bytes)
+    reserved = run.peak_reserved_bytes + cudnn_bytes
     profile.peak_reserved_bytes = reserved
     profile.device_total_bytes = reserved + outside
     profile.device_breakdown = {
@@ -178,20 +211,14 @@ def attach_device_memory(
     est.device_total_range = (reserved + low, reserved + high)
     est.overhead = overhead
     est.oom = None
+    if failed is not None and failed.oom is not None:
+        oom_ev = events[failed.oom.event_index]
+        est.oom = failed.oom.message(
+            op=oom_ev[4], module=oom_ev[5] or "<top>", total_capacity_bytes=capacity
+        )
     if est.gpu is not None:
-        capacity = gpu.total_memory_bytes
         limit = int(capacity * (1 - FIT_MARGIN_FRACTION))
-        est.fits = profile.device_total_bytes <= limit
-        allocator_capacity = capacity - outside
-        if allocator_capacity <= 0:
-            est.fits = False
-        elif free_run.peak_reserved_bytes > allocator_capacity:
-            bounded = simulate(stream, config=cfg, capacity_bytes=allocator_capacity)
-            if bounded.oom is not None:
-                oom_ev = events[bounded.oom.event_index]
-                est.oom = bounded.oom.message(
-                    op=oom_ev[4], module=oom_ev[5] or "<top>", total_capacity_bytes=capacity
-                )
+        est.fits = failed is None and allocator_capacity > 0 and profile.device_total_bytes <= limit
     else:
         est.notes.append(
             f"No GPU named: CUDA context and workspace sizes assume {gpu.display_name}."

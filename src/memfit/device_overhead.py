@@ -123,6 +123,8 @@ CUBLASLT_WORKSPACE_DEFAULT_BYTES = 1024 * _KiB
 # has two (forward on the main thread, backward on the autograd thread), each on the
 # current stream. Extra streams (DDP/FSDP communication hooks, user streams) add more.
 CUBLAS_HANDLE_STREAM_PAIRS = 2
+# Inference (no backward) runs every matmul on the caller's thread: one pair.
+CUBLAS_HANDLE_STREAM_PAIRS_INFERENCE = 1
 CUBLAS_HANDLE_STREAM_PAIRS_LOW = 1
 CUBLAS_HANDLE_STREAM_PAIRS_HIGH = 4
 
@@ -287,20 +289,21 @@ def _context_items(gpu: GPU, cuda_version: tuple[int, int]) -> list[OverheadItem
     ]
 
 
-def _cublas_item(gpu: GPU) -> OverheadItem:
+def _cublas_item(gpu: GPU, training: bool) -> OverheadItem:
     ws = cublas_workspace_bytes(gpu)
     config = "32 MiB (sm90+)" if ws == CUBLAS_WORKSPACE_HOPPER_PLUS_BYTES else ":4096:2:16:8"
+    pairs = CUBLAS_HANDLE_STREAM_PAIRS if training else CUBLAS_HANDLE_STREAM_PAIRS_INFERENCE
+    threads = "forward thread + autograd backward thread" if training else "the forward thread"
     return OverheadItem(
         name="cublas_workspace",
-        bytes=ws * CUBLAS_HANDLE_STREAM_PAIRS,
+        bytes=ws * pairs,
         low_bytes=ws * CUBLAS_HANDLE_STREAM_PAIRS_LOW,
-        high_bytes=ws * CUBLAS_HANDLE_STREAM_PAIRS_HIGH,
+        high_bytes=ws * (CUBLAS_HANDLE_STREAM_PAIRS_HIGH if training else 2 * pairs),
         through_allocator=True,
         source=(
             f"PyTorch CublasHandlePool.cpp: {ws} bytes ({config}) per (handle, stream), allocated "
             "with CUDACachingAllocator and kept for the process; cuBLASLt shares it "
-            "(TORCH_CUBLASLT_UNIFIED_WORKSPACE on by default); 2 pairs = forward thread + "
-            "autograd backward thread"
+            f"(TORCH_CUBLASLT_UNIFIED_WORKSPACE on by default); {pairs} pair(s) = {threads}"
         ),
     )
 
@@ -348,13 +351,15 @@ def device_overhead(
     uses_conv: bool = False,
     uses_matmul: bool = True,
     cuda_version: tuple[int, int] = (12, 8),
+    training: bool = True,
 ) -> DeviceOverhead:
     """The per-GPU memory a training process uses beyond its traced tensors.
 
     ``n_gpus`` is the number of GPUs in the data-parallel job (one NCCL communicator is
     assumed); ``uses_conv`` adds the cuDNN convolution workspace, ``uses_matmul`` the cuBLAS
-    workspace; ``cuda_version`` (the CUDA PyTorch was built with) decides lazy vs eager
-    kernel loading.
+    workspace (one per thread that runs matmuls: two when ``training``, the autograd engine
+    running backward on its own thread, else one); ``cuda_version`` (the CUDA PyTorch was
+    built with) decides lazy vs eager kernel loading.
     """
     if isinstance(n_gpus, bool) or not isinstance(n_gpus, int) or n_gpus < 1:
         raise BadInputError(f"n_gpus must be a whole number >= 1, got {n_gpus!r}.")
@@ -368,7 +373,7 @@ def device_overhead(
         )
     items = _context_items(gpu, cuda_version)
     if uses_matmul:
-        items.append(_cublas_item(gpu))
+        items.append(_cublas_item(gpu, training))
     if uses_conv:
         items.append(_cudnn_item())
     if n_gpus > 1:

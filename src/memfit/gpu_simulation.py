@@ -14,9 +14,11 @@ Allocator capacity: with `gpu` alone, the GPU's memory minus what lives outside 
 (CUDA context, kernels: `memfit.device_overhead`, as `memfit.estimate` does); `budget_bytes`
 alone, exactly that; both, `budget_bytes` is the process's share of that GPU as nvidia-smi
 counts it, the context coming off it first; neither, unlimited (peaks are still measured).
-As in the estimate, the cuBLAS workspace (of `gpu`, else of the default GPU) goes through the
-allocator and stays: one "workspaces" allocation at the first matmul, before its output
-(`workspaces=False` leaves it out). cuDNN convolution workspaces are not modelled.
+As in the estimate, the cuBLAS workspaces (of `gpu`, else of the default GPU) go through the
+allocator and stay: one "workspaces" allocation at the first matmul, before its output, and a
+second at the first matmul of backward, which the autograd engine runs on its own thread with
+its own cuBLAS handle (`workspaces=False` leaves them out). cuDNN convolution workspaces
+are not modelled.
 
 Tensors that exist before entering count only when passed: `model=` (parameters, buffers,
 gradients), `optimizer=` (state), `tensors=` (filed as inputs); scanning every live tensor
@@ -82,6 +84,9 @@ class SimulatedGPU(TorchDispatchMode):
         self.allocator = CachingAllocator(cfg, capacity_bytes=capacity)
         self.model, self.optimizer, self._extra = model, optimizer, tensors
         self._workspace_bytes = ws if workspaces else 0
+        # One cuBLAS workspace per (handle, stream): the caller's thread, and the autograd
+        # engine's thread, which runs backward; each is allocated at its first matmul.
+        self._workspace_threads = {"main", "autograd"} if workspaces else set()
         self.oom: OomState | None = None
         self._recs: dict[int, LiveTensor] = {}
         self._blocks: dict[int, int] = {}  # record id -> allocator block (device memory only)
@@ -201,14 +206,15 @@ class SimulatedGPU(TorchDispatchMode):
             self._phase = "backward"  # until the engine finishes this backward pass
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
         packet = getattr(getattr(func, "overloadpacket", None), "__name__", "")
-        if self._workspace_bytes and packet in MATMUL_OPS:
+        thread = "autograd" if self._phase == "backward" else "main"
+        if self._workspace_bytes and thread in self._workspace_threads and packet in MATMUL_OPS:
             ws = self._workspace_bytes
             rec = LiveTensor(nbytes=ws, category="workspaces", op=name, module="",
                              phase=self._phase, shape=(ws,), dtype="uint8")  # fmt: skip
             self._malloc(self._next, rec)  # kept for the life of the process
             self._recs[self._next] = rec
             self._next += 1
-            self._workspace_bytes = 0  # allocated once (a failed malloc is retried)
+            self._workspace_threads.discard(thread)  # once per thread (a failed malloc retries)
         out = func(*args, **(kwargs or {}))
         given: set[int] | None = None  # the storages of the op's tensor arguments
         for t in pytree.tree_leaves(out):

@@ -6,8 +6,9 @@ peak, the peak of each phase, and the timeline. Device-level figures (reserved m
 allocator simulation, CUDA context and workspaces) are attached by `memfit.estimate`.
 
 Every byte count is an int. Block sizes are rounded as the CUDA caching allocator rounds them
-(`tracer.cuda_block_size`), so `peak_allocated_bytes` is what `torch.cuda.max_memory_allocated`
-would report.
+(`tracer.cuda_block_size`; in an estimate, the block the allocator simulation handed out, which
+is larger when the rest of a block was too small to split off), so `peak_allocated_bytes` is
+what `torch.cuda.max_memory_allocated` would report.
 """
 
 from __future__ import annotations
@@ -79,11 +80,24 @@ class MemoryProfile:
 
     @classmethod
     def from_events(
-        cls, records: dict[int, StorageRecord], events: Iterable[Event], *, top_n: int = 10
+        cls,
+        records: dict[int, StorageRecord],
+        events: Iterable[Event],
+        *,
+        top_n: int = 10,
+        block_bytes: dict[int, int] | None = None,
     ) -> MemoryProfile:
-        """Build the profile of a stream; host-side storages (`record.host`) are not counted."""
+        """Build the profile of a stream; host-side storages (`record.host`) are not counted.
+
+        Each storage counts as its 512-byte-rounded size, or as the size of the block the
+        allocator simulation gave it (`block_bytes`, by storage id) where there is one.
+        """
         events = list(events)
-        sizes = {sid: (0 if r.host else cuda_block_size(r.nbytes)) for sid, r in records.items()}
+        given = block_bytes or {}
+        sizes = {
+            sid: (0 if r.host else given.get(sid) or cuda_block_size(r.nbytes))
+            for sid, r in records.items()
+        }
         live = 0
         peak = -1
         peak_i = 0
@@ -120,7 +134,7 @@ class MemoryProfile:
         top = sorted((records[s] for s in alive if not records[s].host), key=lambda r: -r.nbytes)
         top_tensors = [
             {
-                "bytes": cuda_block_size(r.nbytes),
+                "bytes": sizes[r.sid],
                 "category": r.category,
                 "module": r.module,
                 "op": r.op,

@@ -6,9 +6,9 @@ from memfit.errors import BadInputError
 
 
 def simulated_capacity(gpu: str | None, budget: int | None) -> tuple[int | None, int, int]:
-    """(allocator capacity or None, total for the OOM message, cuBLAS workspace bytes)."""
+    """(allocator capacity or None, total for the OOM message, bytes of one cuBLAS workspace)."""
     from memfit.device import DEFAULT_GPU
-    from memfit.device_overhead import device_overhead
+    from memfit.device_overhead import cublas_workspace_bytes, device_overhead
     from memfit.gpus import get_gpu
     from memfit.report import format_bytes
 
@@ -20,8 +20,7 @@ def simulated_capacity(gpu: str | None, budget: int | None) -> tuple[int | None,
         )
     g = get_gpu(gpu) if gpu is not None else None
     overhead = device_overhead(g or get_gpu(DEFAULT_GPU))
-    cublas = overhead.item("cublas_workspace")
-    ws = cublas.bytes if cublas is not None else 0
+    ws = cublas_workspace_bytes(g or get_gpu(DEFAULT_GPU))
     if g is None:
         return budget, budget or 0, ws
     total = g.total_memory_bytes
