@@ -127,6 +127,7 @@ class Config:
     lora_rank: int | None = None
     lora_targets: tuple[str, ...] = ()  # () = memfit's default (every nn.Linear in the blocks)
     attention: str = "sdpa"
+    mode: str = "train"  # or "inference": the forward under no_grad, model.eval(), no labels
     quick: bool = False  # part of --quick
     trace: bool = False  # recorded with --record-traces
 
@@ -146,6 +147,7 @@ class Config:
                 else None
             ),
             attention=self.attention,
+            mode=self.mode,
         )
 
     def label(self) -> str:
@@ -157,6 +159,8 @@ class Config:
             parts.append(f"lora-r{self.lora_rank}")
         if self.family != "cnn":
             parts.append(self.attention)
+        if self.mode != "train":
+            parts.append(self.mode)
         return " ".join(parts)
 
 
@@ -224,6 +228,14 @@ CONFIGS: tuple[Config, ...] = (
     _c("qwen0.5b-fp32-adamw-b2-s512-eager", "qwen2.5-0.5b", "llama", 2, 512, attention="eager"),
     _c("qwen0.5b-bf16mixed-lora-b4-s1024", "qwen2.5-0.5b", "llama", 4, 1024,
        precision="bf16-mixed", lora_rank=8, quick=True),
+    # Inference: the forward under no_grad on the inputs only (no labels, no loss). The first
+    # is the run optimum-benchmark published for an A10G (benchmarks/published_measurements.py).
+    _c("bert-fp32-inference-b1-s128", "bert-base-uncased", "bert", 1, 128, optimizer="none",
+       mode="inference"),
+    _c("gpt2-bf16true-inference-b8-s1024", "gpt2", "gpt2", 8, 1024, precision="bf16-true",
+       optimizer="none", mode="inference"),
+    _c("llama3.2-1b-bf16true-inference-b4-s2048", "llama-3.2-1b", "llama", 4, 2048,
+       precision="bf16-true", optimizer="none", mode="inference"),
 )
 # fmt: on
 
@@ -361,13 +373,13 @@ def run_real_steps(cfg: Config, device: Any, *, on_done: Any = None) -> dict[str
     blocks = find_repeated_blocks(model)
     if w.checkpointing == "blocks":
         checkpoint_blocks(model, blocks)
-    model.train(True)
+    model.train(w.training)
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "use_cache"):
         config.use_cache = False
     params = list(dict.fromkeys(model.parameters()))
     trainable = [p for p in params if p.requires_grad]
-    optimizer = build_optimizer(w.optimizer, trainable)
+    optimizer = build_optimizer(w.optimizer, trainable) if w.training else None
     scaler = torch.amp.GradScaler(device.type) if w.precision == "fp16-mixed" else None
     skipped = 0
     losses: list[float] = []
@@ -379,6 +391,11 @@ def run_real_steps(cfg: Config, device: Any, *, on_done: Any = None) -> dict[str
                 if isinstance(t, torch.Tensor) and t.is_floating_point():
                     t.normal_()  # memfit's image batches are torch.empty
             ctx = torch.autocast(device.type, dtype=low) if w.mixed else contextlib.nullcontext()
+            if not w.training:
+                with ctx, torch.no_grad():
+                    out = call_model(model, batch)
+                del out, batch
+                continue
             with ctx:
                 out = call_model(model, batch)
                 loss = _loss(spec, out, batch)

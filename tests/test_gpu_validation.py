@@ -140,6 +140,16 @@ def test_real_step_runs_memfits_loop_on_cpu(gv):
     assert len(info["losses"]) == 2 and all(math.isfinite(x) for x in info["losses"])
 
 
+def test_real_inference_step_is_a_forward_without_grad_or_loss(gv):
+    cfg = gv.Config(
+        name="t", model="resnet-18", family="cnn", batch_size=2, image_size=64,
+        optimizer="none", mode="inference",
+    )  # fmt: skip
+    info = gv.run_real_steps(cfg, "cpu")
+    assert info["losses"] == []  # no loss computed, nothing to step
+    assert cfg.workload().training is False and "inference" in cfg.label()
+
+
 def test_materialize_keeps_ties_and_init_fills_every_tensor(gv):
     from memfit.sources import resolve_model
 
