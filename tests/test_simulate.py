@@ -377,3 +377,15 @@ def test_checkpointing_is_priced_on_repeated_blocks():
     # Half the micro-batch halves the activations and the 256 KiB batch.
     assert names["half_micro_batch"].saved_bytes == (2 * (2 * MiB + 256 * 1024) + 256 * 1024) // 2
     assert "checkpoint each of the 3 repeated blocks" in render_oom(report)
+
+
+def test_memory_fraction_is_of_the_named_gpu():
+    # allowed = fraction x the T4's total: a 40 MiB allowance holds one 30 MiB tensor, not two.
+    total = get_gpu("t4").total_memory_bytes
+    with simulate("t4", alloc_conf=f"per_process_memory_fraction:{40 * MiB / total}"):
+        a = torch.empty(30 * MiB // 4)
+        with pytest.raises(torch.OutOfMemoryError, match=r"40\.00 MiB allowed"):
+            torch.empty(30 * MiB // 4)
+    del a
+    with pytest.raises(BadInputError, match="name the GPU"):
+        simulate(alloc_conf="per_process_memory_fraction:0.5")

@@ -50,6 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memfit.allocator import CachingAllocator, OutOfMemory
 from memfit.allocator import OutOfMemoryError as _AllocatorFull
 from memfit.allocator_config import AllocatorConfig
+from memfit.errors import BadInputError
 from memfit.sim_capacity import simulated_capacity
 from memfit.sim_records import LiveTensor, OomState, optimizer_state_sizes
 from memfit.tracer import META_KEY, SCALAR_CONSTANT_OPS, tag_graph
@@ -81,7 +82,14 @@ class SimulatedGPU(TorchDispatchMode):
         capacity, self.total_capacity_bytes, ws = simulated_capacity(gpu, budget_bytes)
         self.capacity_bytes = capacity
         cfg = AllocatorConfig.from_string(alloc_conf) if alloc_conf else AllocatorConfig()
-        self.allocator = CachingAllocator(cfg, capacity_bytes=capacity)
+        if cfg.per_process_memory_fraction is not None and not self.total_capacity_bytes:
+            raise BadInputError(
+                f"alloc_conf {alloc_conf!r} sets a memory fraction, which is a fraction of a "
+                "GPU's memory: name the GPU (simulate('a100-80gb', ...)) or give budget_bytes."
+            )
+        self.allocator = CachingAllocator(
+            cfg, capacity_bytes=capacity, total_bytes=self.total_capacity_bytes or None
+        )  # a memory fraction is of the GPU's total, as in setMemoryFraction
         self.model, self.optimizer, self._extra = model, optimizer, tensors
         self._workspace_bytes = ws if workspaces else 0
         # One cuBLAS workspace per (handle, stream): the caller's thread, and the autograd
