@@ -28,7 +28,8 @@ def gpt2() -> torch.nn.Module:
     return transformers.GPT2LMHeadModel._from_config(cfg, attn_implementation="eager")
 
 
-def measured_peak(w: memfit.Workload) -> int:
+def run_measured(w: memfit.Workload):
+    """Two steps of `w` applied to `gpt2()` by apply_, under memfit.measure."""
     model = gpt2()
     setup = apply_(model, w)
     g = torch.Generator().manual_seed(0)
@@ -36,6 +37,11 @@ def measured_peak(w: memfit.Workload) -> int:
     with measure(model, setup.optimizer) as m:
         for _ in range(2):
             setup.step({"input_ids": ids, "labels": ids.clone()})
+    return m, model
+
+
+def measured_peak(w: memfit.Workload) -> int:
+    m, _ = run_measured(w)
     assert m.profile is not None
     return m.profile.peak_allocated_bytes
 

@@ -9,18 +9,7 @@ import torch
 import memfit
 from memfit.apply import apply_
 from memfit.measurement import measure
-from tests.test_apply_memory import BASE, SEQ, VOCAB, gpt2
-
-
-def run_measured(w: memfit.Workload):
-    model = gpt2()
-    setup = apply_(model, w)
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, VOCAB, (w.batch_size * w.grad_accum, SEQ), generator=g)
-    with measure(model, setup.optimizer) as m:
-        for _ in range(2):
-            setup.step({"input_ids": ids, "labels": ids.clone()})
-    return m, model
+from tests.test_apply_memory import BASE, SEQ, VOCAB, gpt2, run_measured
 
 
 def test_measured_equals_estimate_by_category():

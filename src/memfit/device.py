@@ -143,11 +143,7 @@ def attach_device_memory(
     alloc_conf: AllocatorConfig | None = None, n_gpus: int = 1,
 ) -> MemoryProfile:  # fmt: skip
     """Fill `est.profile` (built here) with reserved and device memory, and `est.fits`."""
-    from memfit.device_overhead import (
-        CUBLAS_HANDLE_STREAM_PAIRS,
-        CUBLAS_HANDLE_STREAM_PAIRS_INFERENCE,
-        device_overhead,
-    )
+    from memfit.device_overhead import cublas_workspace_bytes, device_overhead
     from memfit.gpus import get_gpu
 
     gpu = est.gpu or get_gpu(DEFAULT_GPU)
@@ -161,9 +157,9 @@ def attach_device_memory(
     overhead = device_overhead(gpu, n_gpus=n_gpus, uses_conv=conv, training=w.training)
     cublas = overhead.item("cublas_workspace")
     est.records_summary = summarize(records, est.embedding_path, micro_batches(w))
-    pairs = CUBLAS_HANDLE_STREAM_PAIRS if w.training else CUBLAS_HANDLE_STREAM_PAIRS_INFERENCE
-    per_pair = cublas.bytes // pairs if cublas else 0
-    records, events = add_workspaces(records, events, per_pair, pairs)
+    if cublas is not None:  # device_overhead decided how many (handle, stream) pairs
+        per_pair = cublas_workspace_bytes(gpu)
+        records, events = add_workspaces(records, events, per_pair, cublas.bytes // per_pair)
     stream = [
         (1 if ev[0] == ALLOC else -1, ev[1], 0 if records[ev[1]].host else records[ev[1]].nbytes)
         for ev in events
