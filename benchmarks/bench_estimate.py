@@ -117,7 +117,7 @@ def bench_memfit(repeat: int) -> dict[str, Any]:
     import memfit
 
     t1 = time.perf_counter()
-    estimate = memfit.estimate  # resolved lazily: imports memfit.estimator
+    estimate = memfit.estimate  # resolved lazily: imports memfit.estimator.estimate
 
     t2 = time.perf_counter()
     out: dict[str, Any] = {
@@ -210,7 +210,7 @@ def bench_memtracker(model_name: str) -> dict[str, Any]:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from memfit.model_catalog import build_model, get_model
+    from memfit.models.catalog import build_model, get_model
 
     t0 = time.perf_counter()
     model = build_model(get_model(model_name), dtype=torch.bfloat16)  # meta device
@@ -245,7 +245,8 @@ def bench_memtracker(model_name: str) -> dict[str, Any]:
             loss = model(input_ids=input_ids, labels=labels).loss
             loss.backward()
             # memfit's step drops the loss and the batch before optimizer.step()
-            # (memfit/trace.py _one_step); do the same so the two trace the same program.
+            # (memfit/estimator/step_runner.py _one_step); do the same so the two trace the same
+            # program.
             del loss, input_ids, labels
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

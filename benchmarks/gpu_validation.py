@@ -13,15 +13,16 @@ when a CUDA GPU is present, the same step runs for real and is measured:
   had to retry, which the row records), so that is the peak;
 * a summary of ``torch.cuda.memory._snapshot()`` segments (count and bytes per pool).
 
-The real step is the loop memfit traces (src/memfit/trace.py, ``run_trace`` / ``_one_step``):
+The real step is the loop memfit traces (src/memfit/estimator/step_runner.py, ``run_trace`` /
+``_one_step``):
 the catalog model is built on the meta device with ``build_model(..., num_layers=None)``
 (LoRA and checkpointing applied as memfit applies them), its parameters and then its buffers
 are allocated on the GPU in the order memfit's tracker registers them (ties kept), and
 initialised in place (transformers' ``initialize_weights``, ``reset_parameters`` for the
 ResNets). ``-true`` precisions cast the model first; ``-mixed`` ones run the forward and the
 loss under ``torch.autocast("cuda", dtype)``, and fp16-mixed uses ``torch.amp.GradScaler``.
-The optimizer is ``memfit.optimizers.build_optimizer`` (foreach, as CUDA picks by default).
-Inputs come from memfit's own ``_make_batch`` (``input_ids`` and ``labels`` from
+The optimizer is ``memfit.techniques.optimizer.optimizer_for_trace`` (foreach, as CUDA picks).
+Inputs come from memfit's own ``make_batch_for`` (``input_ids`` and ``labels`` from
 ``torch.randint``, no attention mask; ``pixel_values`` for images), made on the GPU. Each step:
 forward, loss (``out.loss``, or cross-entropy for the ResNets), ``del out``, backward,
 ``del loss, batch``, ``optimizer.step()``, ``zero_grad(set_to_none=True)``; two steps.
@@ -42,7 +43,7 @@ name, so that a partial run never overwrites a full one.
 (``torch.cuda.memory._record_memory_history``) for the few small configurations marked
 ``trace=True``, and writes each as ``<out>/traces/<config>-<gpu>-<date>.json`` in the format of
 ``tests/data/allocator_traces/`` (see ``trace_from_snapshot``): drop such a file in that folder
-and ``tests/test_allocator_traces.py`` replays it through memfit's allocator simulator.
+and ``tests/cuda/test_allocator_traces.py`` replays it through memfit's allocator simulator.
 
 A failing configuration never stops the run: its error goes into its row. The report is
 rewritten after every configuration, so a run cut short keeps what it measured, and
@@ -172,7 +173,7 @@ def _c(name: str, model: str, family: str, batch: int, seq: int | None = None, *
 # about 23 GiB reserved (qwen0.5b-bf16mixed-adamw-b4-s1024; its 151,936-token logits dominate).
 # fmt: off
 CONFIGS: tuple[Config, ...] = (
-    # CNN (memfit.zoo ResNets, 224 x 224 images)
+    # CNN (memfit.models.zoo ResNets, 224 x 224 images)
     _c("resnet18-fp32-sgd-b16", "resnet-18", "cnn", 16, optimizer="sgd", quick=True, trace=True),
     _c("resnet18-bf16true-adamw-b64", "resnet-18", "cnn", 64, precision="bf16-true"),
     _c("resnet50-bf16mixed-adamw-b32", "resnet-50", "cnn", 32, precision="bf16-mixed"),
@@ -352,16 +353,18 @@ def run_real_steps(cfg: Config, device: Any, *, on_done: Any = None) -> dict[str
     """
     import torch
 
-    from memfit.optimizers import build_optimizer
-    from memfit.sources import resolve_model
-    from memfit.techniques_trace import checkpoint_blocks, prepare_model
-    from memfit.trace import _DTYPES, _loss, _make_batch, find_repeated_blocks
-    from memfit.train_setup import call_model
+    from memfit.estimator.step_runner import DTYPES, make_batch_for, step_loss
+    from memfit.models.sources import resolve_model
+    from memfit.models.structure import find_repeated_blocks
+    from memfit.techniques.checkpointing import checkpoint_blocks
+    from memfit.techniques.composition import prepare_model
+    from memfit.techniques.optimizer import optimizer_for_trace
+    from memfit.techniques.train_setup import call_model
 
     device = torch.device(device)
     w = cfg.workload()
     spec = resolve_model(cfg.model)
-    low = _DTYPES[w.compute_dtype_name]
+    low = DTYPES[w.compute_dtype_name]
     t0 = time.perf_counter()
     with torch.device("meta"):
         model = spec.build(None, w.attention)
@@ -379,14 +382,15 @@ def run_real_steps(cfg: Config, device: Any, *, on_done: Any = None) -> dict[str
         config.use_cache = False
     params = list(dict.fromkeys(model.parameters()))
     trainable = [p for p in params if p.requires_grad]
-    optimizer = build_optimizer(w.optimizer, trainable) if w.training else None
+    optimizer = optimizer_for_trace(w.optimizer, trainable) if w.training else None
     scaler = torch.amp.GradScaler(device.type) if w.precision == "fp16-mixed" else None
     skipped = 0
     losses: list[float] = []
     for _step in range(w.steps):
         for _micro in range(w.grad_accum):
             with torch.device(device):
-                batch = _make_batch(spec, model, w, low if w.pure_low_precision else torch.float32)
+                dtype = low if w.pure_low_precision else torch.float32
+                batch = make_batch_for(spec, model, w, dtype)
             for t in batch.values() if isinstance(batch, dict) else batch:
                 if isinstance(t, torch.Tensor) and t.is_floating_point():
                     t.normal_()  # memfit's image batches are torch.empty
@@ -398,7 +402,7 @@ def run_real_steps(cfg: Config, device: Any, *, on_done: Any = None) -> dict[str
                 continue
             with ctx:
                 out = call_model(model, batch)
-                loss = _loss(spec, out, batch)
+                loss = step_loss(spec, out, batch)
                 del out
             if w.grad_accum > 1:
                 loss = loss / w.grad_accum
@@ -719,8 +723,8 @@ def device_info() -> dict[str, Any]:
 
 def _catalog_gpu(display_name: str | None, fallback: str) -> tuple[str, str | None]:
     """(catalog name, note): the catalog GPU matching torch's device name, else `fallback`."""
+    from memfit.cuda.target import get_gpu
     from memfit.errors import BadInputError
-    from memfit.gpus import get_gpu
 
     if display_name:
         try:

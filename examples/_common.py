@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 import memfit
-from memfit.report import format_bytes
+from memfit.units import format_bytes
 
 
 def parse_args(description: str) -> argparse.Namespace:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from memfit.cli import app
+from memfit.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -164,7 +164,7 @@ def test_console_script_entry_point():
         [
             sys.executable,
             "-m",
-            "memfit.cli",
+            "memfit.cli.app",
             "estimate",
             "gpt2",
             "--batch",
@@ -189,7 +189,7 @@ def test_hf_module_passed_in_infers_its_task():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     import memfit
-    from memfit.sources import resolve_model
+    from memfit.models.sources import resolve_model
 
     cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128)
     with torch.device("meta"):

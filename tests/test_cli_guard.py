@@ -8,7 +8,7 @@ import textwrap
 import torch
 from typer.testing import CliRunner
 
-from memfit.cli import app
+from memfit.cli.app import app
 
 runner = CliRunner()
 
@@ -33,9 +33,9 @@ TRIAL = textwrap.dedent(
 
 
 def test_find_batch_agrees_with_the_library(tmp_path):
-    from memfit.batch_search import find_batch_size
-    from memfit.gpu_simulation import simulate
-    from memfit.sources import load_functions
+    from memfit.guard.batch_search import find_batch_size
+    from memfit.models.sources import load_functions
+    from memfit.simulation.simulated_gpu import simulate
 
     f = tmp_path / "trial.py"
     f.write_text(TRIAL)
@@ -59,8 +59,8 @@ def test_find_batch_agrees_with_the_library(tmp_path):
 
 
 def test_find_batch_nothing_fits_and_bad_input(tmp_path):
-    from memfit.device_overhead import device_overhead
-    from memfit.gpus import get_gpu
+    from memfit.cuda.overhead import device_overhead
+    from memfit.cuda.target import get_gpu
 
     f = tmp_path / "trial.py"
     f.write_text(TRIAL)
@@ -99,9 +99,9 @@ GAN_TRIAL = textwrap.dedent(
 
 
 def test_find_batch_counts_every_model_and_ignores_parameterless_modules(tmp_path):
-    from memfit.batch_search import find_batch_size
-    from memfit.gpu_simulation import simulate
-    from memfit.sources import load_functions
+    from memfit.guard.batch_search import find_batch_size
+    from memfit.models.sources import load_functions
+    from memfit.simulation.simulated_gpu import simulate
 
     f = tmp_path / "gan.py"
     f.write_text(GAN_TRIAL)

@@ -7,7 +7,7 @@ import textwrap
 
 from typer.testing import CliRunner
 
-from memfit.cli import app
+from memfit.cli.app import app
 
 runner = CliRunner()
 

@@ -10,10 +10,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from memfit.cli_doctor import doctor_command
+from memfit.cli.doctor import doctor_command
+from memfit.diagnosis.doctor import GRAPH_KEPT_ALIVE, doctor
 from memfit.errors import BadInputError
-from memfit.runtime_doctor import GRAPH_KEPT_ALIVE, doctor
-from memfit.script_runner import ScriptFailed, run_script
+from memfit.measurement.script_runner import ScriptFailed, run_script
 
 SCRIPTS = Path(__file__).parent / "doctor_scripts"  # see test_doctor.py for their sizes
 STEPS = 6

@@ -3,7 +3,7 @@
 On CPU: the configuration list covers what the issue asks for, ``--quick`` writes its JSON and
 markdown with estimates only, the real-step code (materialise on the device, initialise, run
 the loop memfit traces) runs on CPU tensors, and allocator traces recorded on a GPU convert to
-the format tests/test_allocator_traces.py replays. Tests marked ``gpu`` run only where CUDA is
+the format tests/cuda/test_allocator_traces.py replays. Tests marked ``gpu`` run only where CUDA is
 available.
 """
 
@@ -48,7 +48,7 @@ def traces_test():
 
 
 def test_config_list_covers_the_matrix(gv):
-    from memfit.model_catalog import get_model
+    from memfit.models.catalog import get_model
 
     configs = gv.CONFIGS
     assert len({c.name for c in configs}) == len(configs), "duplicate names"
@@ -151,7 +151,7 @@ def test_real_inference_step_is_a_forward_without_grad_or_loss(gv):
 
 
 def test_materialize_keeps_ties_and_init_fills_every_tensor(gv):
-    from memfit.sources import resolve_model
+    from memfit.models.sources import resolve_model
 
     spec = resolve_model("bert-base-uncased")
     with torch.device("meta"):

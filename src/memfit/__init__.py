@@ -17,18 +17,20 @@ from memfit.errors import BadInputError, MemfitError, TraceError
 from memfit.workload import LoraConfig, Workload
 
 if TYPE_CHECKING:
-    from memfit.apply import apply_
-    from memfit.batch_search import BatchSearch, find_batch_size
-    from memfit.estimator import Estimate, estimate
-    from memfit.gpu_simulation import SimulatedGPU, simulate
-    from memfit.guard import oom_guard
-    from memfit.measurement import Measurement, measure
-    from memfit.oom import OomReport, explain_oom
-    from memfit.planner import Goal, Plan, max_batch, max_seq, plan
+    from memfit.diagnosis.doctor import Doctor, doctor
+    from memfit.diagnosis.findings import Finding
+    from memfit.estimator.estimate import Estimate, estimate
+    from memfit.guard.batch_search import BatchSearch, find_batch_size
+    from memfit.guard.retry import oom_guard
+    from memfit.measurement.measure import Measurement, measure
+    from memfit.planner.limits import max_batch, max_seq
+    from memfit.planner.search import Goal, Plan, plan
     from memfit.profile import MemoryProfile
-    from memfit.runtime_doctor import Doctor, Finding, doctor
-    from memfit.train_setup import TrainSetup
-    from memfit.weights_io import load_weights
+    from memfit.simulation.oom import OomReport, explain_oom
+    from memfit.simulation.simulated_gpu import SimulatedGPU, simulate
+    from memfit.techniques.apply import apply_
+    from memfit.techniques.train_setup import TrainSetup
+    from memfit.techniques.weights_io import load_weights
 
 __all__ = [
     "BadInputError",
@@ -62,29 +64,29 @@ __all__ = [
 ]
 
 _LAZY = {
-    "estimate": ("memfit.estimator", "estimate"),
-    "Estimate": ("memfit.estimator", "Estimate"),
+    "estimate": ("memfit.estimator.estimate", "estimate"),
+    "Estimate": ("memfit.estimator.estimate", "Estimate"),
     "MemoryProfile": ("memfit.profile", "MemoryProfile"),
-    "plan": ("memfit.planner", "plan"),
-    "Plan": ("memfit.planner", "Plan"),
-    "Goal": ("memfit.planner", "Goal"),
-    "max_batch": ("memfit.planner", "max_batch"),
-    "max_seq": ("memfit.planner", "max_seq"),
-    "apply_": ("memfit.apply", "apply_"),
-    "TrainSetup": ("memfit.train_setup", "TrainSetup"),
-    "load_weights": ("memfit.weights_io", "load_weights"),
-    "measure": ("memfit.measurement", "measure"),
-    "Measurement": ("memfit.measurement", "Measurement"),
-    "simulate": ("memfit.gpu_simulation", "simulate"),
-    "SimulatedGPU": ("memfit.gpu_simulation", "SimulatedGPU"),
-    "oom_guard": ("memfit.guard", "oom_guard"),
-    "find_batch_size": ("memfit.batch_search", "find_batch_size"),
-    "BatchSearch": ("memfit.batch_search", "BatchSearch"),
-    "explain_oom": ("memfit.oom", "explain_oom"),
-    "OomReport": ("memfit.oom", "OomReport"),
-    "doctor": ("memfit.runtime_doctor", "doctor"),
-    "Doctor": ("memfit.runtime_doctor", "Doctor"),
-    "Finding": ("memfit.runtime_doctor", "Finding"),
+    "plan": ("memfit.planner.search", "plan"),
+    "Plan": ("memfit.planner.search", "Plan"),
+    "Goal": ("memfit.planner.search", "Goal"),
+    "max_batch": ("memfit.planner.limits", "max_batch"),
+    "max_seq": ("memfit.planner.limits", "max_seq"),
+    "apply_": ("memfit.techniques.apply", "apply_"),
+    "TrainSetup": ("memfit.techniques.train_setup", "TrainSetup"),
+    "load_weights": ("memfit.techniques.weights_io", "load_weights"),
+    "measure": ("memfit.measurement.measure", "measure"),
+    "Measurement": ("memfit.measurement.measure", "Measurement"),
+    "simulate": ("memfit.simulation.simulated_gpu", "simulate"),
+    "SimulatedGPU": ("memfit.simulation.simulated_gpu", "SimulatedGPU"),
+    "oom_guard": ("memfit.guard.retry", "oom_guard"),
+    "find_batch_size": ("memfit.guard.batch_search", "find_batch_size"),
+    "BatchSearch": ("memfit.guard.batch_search", "BatchSearch"),
+    "explain_oom": ("memfit.simulation.oom", "explain_oom"),
+    "OomReport": ("memfit.simulation.oom", "OomReport"),
+    "doctor": ("memfit.diagnosis.doctor", "doctor"),
+    "Doctor": ("memfit.diagnosis.doctor", "Doctor"),
+    "Finding": ("memfit.diagnosis.findings", "Finding"),
 }
 
 

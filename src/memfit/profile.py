@@ -18,17 +18,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memfit.tracer import ALLOC, CATEGORIES, Event, StorageRecord, cuda_block_size
+from memfit.cuda.allocator_config import cuda_block_size
+from memfit.events import ALLOC, CATEGORIES, Event, StorageRecord
 
 
 def live_sids(events: Iterable[Event]) -> list[int]:
     """The storages still allocated after `events`, in allocation order."""
     alive: dict[int, None] = {}
     for ev in events:
-        if ev[0] == ALLOC:
-            alive[ev[1]] = None
+        if ev.kind == ALLOC:
+            alive[ev.sid] = None
         else:
-            alive.pop(ev[1], None)
+            alive.pop(ev.sid, None)
     return list(alive)
 
 
@@ -107,7 +108,7 @@ class MemoryProfile:
         act = 0
         max_act = 0
         for i, ev in enumerate(events):
-            kind, sid, phase, step = ev[0], ev[1], ev[2], ev[3]
+            kind, sid, phase, step = ev.kind, ev.sid, ev.phase, ev.step
             delta = sizes[sid] if kind == ALLOC else -sizes[sid]
             live += delta
             if records[sid].category == "activations":
@@ -142,14 +143,14 @@ class MemoryProfile:
             }
             for r in top[:top_n]
         ]
-        pe = events[peak_i] if events else (ALLOC, -1, "setup", 0, "", "", -1)
+        pe = events[peak_i] if events else Event(ALLOC, -1, "setup", 0, "", "", -1)
         return cls(
             peak_allocated_bytes=peak,
             peak_index=peak_i,
-            peak_step=pe[3],
-            peak_phase=pe[2],
-            peak_op=pe[4],
-            peak_module=pe[5],
+            peak_step=pe.step,
+            peak_phase=pe.phase,
+            peak_op=pe.op,
+            peak_module=pe.module,
             breakdown=breakdown,
             by_module=dict(sorted(by_module.items(), key=lambda kv: -kv[1])),
             phases=[PhasePeak(step=s, phase=p, peak_bytes=b) for (s, p), b in phase_peak.items()],

@@ -1,7 +1,9 @@
-"""Byte sizes written by people: "12GiB", "500 MiB", "16GB", "1073741824".
+"""Byte sizes: the unit constants, reading sizes people write ("12GiB", "500 MiB", "16GB",
+"1073741824") and writing sizes for people ("1.50 KiB").
 
 Binary units (KiB, MiB, GiB, TiB = 1024^n) and decimal ones (kB, MB, GB, TB = 1000^n) are both
-accepted and never confused; a bare number is bytes.
+accepted and never confused; a bare number is bytes. Output uses binary units, labelled as such
+(integer bytes everywhere inside; units only at display).
 """
 
 from __future__ import annotations
@@ -10,9 +12,17 @@ import re
 
 from memfit.errors import BadInputError
 
+KIB = 1 << 10
+MIB = 1 << 20
+GIB = 1 << 30
+TIB = 1 << 40
+
+#: Binary units for display, smallest first.
+BINARY_UNITS = (("B", 1), ("KiB", KIB), ("MiB", MIB), ("GiB", GIB), ("TiB", TIB))
+
 _UNITS = {
     "": 1, "b": 1,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+    "kib": KIB, "mib": MIB, "gib": GIB, "tib": TIB,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 }  # fmt: skip
 
@@ -32,3 +42,15 @@ def parse_bytes(text: str) -> int:
     if value <= 0:
         raise BadInputError(f"The size {text!r} must be more than 0 bytes.")
     return value
+
+
+def format_bytes(n: int | None) -> str:
+    """1536 -> "1.50 KiB"; binary units, labelled as such; None -> "-"."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit, _ in BINARY_UNITS:
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

@@ -120,10 +120,10 @@ class Workload:
         _positive("grad_accum", self.grad_accum, "--grad-accum")
         _positive("steps", self.steps, "steps")
         _positive("gpus", self.gpus, "--gpus")
-        _choice("mode", self.mode, MODES)
-        _choice("precision", self.precision, PRECISIONS)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
-        _choice("checkpointing", self.checkpointing, CHECKPOINTING)
+        check_choice("mode", self.mode, MODES)
+        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("checkpointing", self.checkpointing, CHECKPOINTING)
         if self.checkpoint_first is not None:
             if self.checkpointing != "blocks":
                 raise BadInputError(
@@ -133,7 +133,7 @@ class Workload:
                 raise BadInputError(
                     f"checkpoint_first must be a block count >= 0, got {self.checkpoint_first!r}."
                 )
-        _choice("attention", self.attention, ATTENTION)
+        check_choice("attention", self.attention, ATTENTION)
         if self.gpus > 1 and (self.offload_optimizer or self.embedding_on_cpu):
             raise BadInputError(
                 "With FSDP over several GPUs (--gpus), memfit does not model optimizer offload or "
@@ -203,7 +203,7 @@ def _positive(name: str, value: object, flag: str) -> None:
         )
 
 
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise BadInputError(
             f"Unknown {name} {value!r}.{closest(value, list(allowed))} "

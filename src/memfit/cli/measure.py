@@ -1,0 +1,163 @@
+"""`memfit profile SCRIPT -- ARGS` and `memfit compare A.json B.json` (registered by memfit.cli.app).
+
+`profile` runs a training script under `memfit.measure` (CUDA statistics when the script uses
+a GPU, memfit's tracker over real tensors everywhere) and prints the same report as an
+estimate; `--timeline` draws it, `--snapshot` writes what pytorch.org/memory_viz opens.
+Exit codes: 0 success; 1 the script failed (its traceback, then the report up to then);
+2 bad input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+EXIT_SCRIPT_FAILED = 1
+
+
+def check_timeline_path(timeline: Path | None) -> None:
+    """A timeline is drawn as PNG or HTML; say so before any work is done."""
+    from memfit.errors import BadInputError
+
+    if timeline is not None and timeline.suffix.lower() not in (".png", ".html", ".htm"):
+        raise BadInputError(f"--timeline {str(timeline)!r}: the file must end in .png or .html.")
+
+
+def write_pictures(
+    profile: Any, timeline: Path | None, snapshot: Path | None, *, config: Any = None
+) -> None:
+    """Render the timeline (.png or .html) and the memory_viz snapshot when asked (`config`:
+    the AllocatorConfig the estimate simulated, for the snapshot's segments)."""
+    check_timeline_path(timeline)
+    if timeline is not None:
+        suffix = timeline.suffix.lower()
+        if suffix == ".png":
+            from memfit.report.timeline import render_png
+
+            render_png(profile, timeline)
+        elif suffix in (".html", ".htm"):
+            from memfit.report.timeline_html import render_html
+
+            render_html(profile, timeline)
+    if snapshot is not None:
+        from memfit.report.memory_viz import to_memory_viz
+
+        to_memory_viz(profile, snapshot, config=config)
+
+
+def profile_command(
+    script: Annotated[Path, typer.Argument(help="The training script, as run with `python`.")],
+    args: Annotated[
+        list[str] | None, typer.Argument(help="Arguments for the script, after `--`.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report.")] = False,
+    timeline: Annotated[
+        Path | None, typer.Option(help="Write the memory timeline to this .png or .html.")
+    ] = None,
+    snapshot: Annotated[
+        Path | None, typer.Option(help="Write a memory_viz snapshot (.pickle) here.")
+    ] = None,
+) -> None:
+    """Run a training script and measure its memory (GPU when it uses one, else CPU)."""
+    from memfit.cli.app import EXIT_OK, _fail
+    from memfit.errors import MemfitError
+    from memfit.measurement.measure import measure
+    from memfit.measurement.script_runner import ScriptFailed, run_script
+    from memfit.report.json import profile_json
+
+    try:
+        check_timeline_path(timeline)
+    except MemfitError as e:
+        raise _fail(str(e)) from None
+    failure: ScriptFailed | None = None
+    out = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
+    cm = measure(record_history=snapshot is not None)
+    try:
+        with out:
+            run_script(script, args or [], wrap=cm)
+    except ScriptFailed as e:
+        failure = e
+    except (MemfitError, ImportError) as e:
+        raise _fail(str(e)) from None
+    m = cm
+    if failure is not None:
+        typer.echo(failure.traceback, err=True, nl=False)
+        typer.echo(f"error: {failure}; the report covers the run up to the failure.", err=True)
+    profile = m.profile
+    assert profile is not None  # set when the measured block exits
+    if snapshot is not None and m.cuda_snapshot is not None:
+        import pickle
+
+        with open(snapshot, "wb") as f:  # the allocator's own history, not a simulation
+            pickle.dump(m.cuda_snapshot, f)
+        snapshot = None
+    try:
+        write_pictures(profile, timeline, snapshot)
+    except (MemfitError, ImportError) as e:
+        raise _fail(str(e)) from None
+    if as_json:
+        data = profile_json(profile, source="measured", device=m.device)
+        data["steps"] = m.steps
+        data["script"] = str(script)
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        typer.echo(render_measured(m, str(script)))
+    raise typer.Exit(EXIT_SCRIPT_FAILED if failure is not None else EXIT_OK)
+
+
+def render_measured(m: Any, what: str) -> str:
+    """The terminal report of a measurement."""
+    from memfit.report.text import category_lines, grouped_modules
+    from memfit.units import format_bytes
+
+    p = m.profile
+    lines = [f"{what}: measured on {m.device}, {m.steps} optimizer step(s)", ""]
+    lines.append(f"  {'peak allocated':<22}{format_bytes(p.peak_allocated_bytes):>14}")
+    if m.cuda_max_allocated is not None:
+        lines.append(
+            f"  {'max_memory_allocated':<22}{format_bytes(m.cuda_max_allocated):>14}   (CUDA)"
+        )
+        lines.append(f"  {'max_memory_reserved':<22}{format_bytes(m.cuda_max_reserved):>14}")
+        lines.append(f"  {'device used':<22}{format_bytes(m.cuda_device_used):>14}   (nvidia-smi)")
+    lines.append("")
+    lines.append(
+        f"peak during {p.peak_phase} of step {p.peak_step}, at op {p.peak_op} in "
+        f"{p.peak_module or '<top>'}"
+    )
+    lines.append("")
+    lines.append("at the peak, by category:")
+    lines += category_lines(p)
+    lines.append("")
+    lines.append("at the peak, by module:")
+    for mod, b in list(grouped_modules(p.modules_at_depth(3)).items())[:8]:
+        lines.append(f"  {mod:<40}{format_bytes(b):>14}")
+    return "\n".join(lines)
+
+
+def compare_command(
+    first: Annotated[Path, typer.Argument(help="A report (memfit estimate/profile --json).")],
+    second: Annotated[Path, typer.Argument(help="The report to compare it with.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the differences as JSON.")] = False,
+) -> None:
+    """Compare two memory reports (estimate vs measured) per category."""
+    from memfit.cli.app import EXIT_OK, _fail
+    from memfit.errors import MemfitError
+    from memfit.report.compare import compare, load_report, render_comparison
+
+    try:
+        a, b = load_report(first), load_report(second)
+    except MemfitError as e:
+        raise _fail(str(e)) from None
+    c = compare(a, b, labels=(first.stem, second.stem))
+    if as_json:
+        rows = {r.name: {"a": r.a, "b": r.b, "diff": r.diff, "relative": r.relative}
+                for r in [*c.totals, *c.categories]}  # fmt: skip
+        typer.echo(json.dumps({"a": str(first), "b": str(second), "rows": rows}, indent=2))
+    else:
+        typer.echo(render_comparison(c))
+    raise typer.Exit(EXIT_OK)

@@ -1,0 +1,121 @@
+"""Replay a stream of allocate/free events through the simulated caching allocator: the
+`torch.cuda` peaks (`max_memory_allocated`, `max_memory_reserved`), the block each request got,
+the reserved timeline, and the first allocation that does not fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from memfit.cuda.allocator import CachingAllocator
+from memfit.cuda.allocator_config import AllocatorConfig
+from memfit.cuda.allocator_oom import AllocatorOutOfMemoryError, OutOfMemory
+from memfit.errors import BadInputError
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllocatorResult:
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    reserved_at_peak_allocated_bytes: int
+    peak_index: int
+    peak_reserved_index: int
+    final_allocated_bytes: int
+    final_reserved_bytes: int
+    num_segments_at_peak: int
+    oom: OutOfMemory | None
+    reserved_timeline: tuple[int, ...] | None
+    #: With ``record_blocks``: the size of the block each allocation got, by key. It is what
+    #: ``memory_allocated`` counts for it: the rounded request, or more when the rest of the
+    #: block was too small to split off (large pool: 1 MiB or less).
+    block_bytes: dict[int, int] | None = None
+
+
+def simulate(
+    events: Iterable[tuple[int, int, int]],
+    *,
+    config: AllocatorConfig = AllocatorConfig(),  # noqa: B008 (frozen, immutable)
+    capacity_bytes: int | None = None,
+    total_bytes: int | None = None,
+    record_timeline: bool = False,
+    record_blocks: bool = False,
+) -> AllocatorResult:
+    """Replay ``(kind, key, size)`` events through a :class:`CachingAllocator`.
+
+    ``kind`` +1 allocates ``size`` requested bytes under ``key``; -1 frees the block held
+    under ``key`` (size ignored). A 0-byte allocation takes no memory, as in PyTorch's
+    ``NativeCachingAllocator::allocate``. Stops at the first allocation that does not fit
+    in ``capacity_bytes`` (then ``oom`` is set). Peaks are ``max_memory_allocated`` /
+    ``max_memory_reserved`` equivalents; indices are event indices. ``total_bytes`` is the
+    device's total memory, which ``per_process_memory_fraction`` is a fraction of (default:
+    ``capacity_bytes``).
+    """
+    alloc = CachingAllocator(config, capacity_bytes=capacity_bytes, total_bytes=total_bytes)
+    held: dict[int, int | None] = {}
+    blocks: dict[int, int] | None = {} if record_blocks else None
+    timeline: list[int] | None = [] if record_timeline else None
+    peak_alloc = 0
+    peak_index = -1
+    reserved_at_peak = 0
+    segments_at_peak = 0
+    peak_reserved = 0
+    peak_reserved_index = -1
+    oom: OutOfMemory | None = None
+    malloc = alloc.malloc
+    free = alloc.free
+    index = -1
+    for index, (kind, key, size) in enumerate(events):
+        if kind == 1:
+            if key in held:
+                raise BadInputError(f"event {index}: key {key} allocated twice without a free.")
+            if size < 0:
+                raise BadInputError(f"event {index}: negative allocation size {size}.")
+            if size == 0:
+                held[key] = None
+            else:
+                try:
+                    block_id = malloc(size)
+                except AllocatorOutOfMemoryError as e:
+                    oom = replace(e.oom, event_index=index)
+                    break
+                held[key] = block_id
+                if blocks is not None:
+                    blocks[key] = alloc._live[block_id].size
+                if alloc._allocated > peak_alloc:
+                    peak_alloc = alloc._allocated
+                    peak_index = index
+                    reserved_at_peak = alloc._reserved
+                    segments_at_peak = alloc.num_segments
+        elif kind == -1:
+            if key not in held:
+                raise BadInputError(f"event {index}: free of key {key} that is not allocated.")
+            held_id = held.pop(key)
+            if held_id is not None:
+                free(held_id)
+        else:
+            raise BadInputError(f"event {index}: kind must be +1 or -1, got {kind!r}.")
+        if alloc._peak_reserved > peak_reserved:
+            peak_reserved = alloc._peak_reserved
+            peak_reserved_index = index
+        if timeline is not None:
+            timeline.append(alloc._reserved)
+    if oom is not None:
+        if alloc._peak_reserved > peak_reserved:  # reserved grew during the failed malloc
+            peak_reserved = alloc._peak_reserved
+            peak_reserved_index = oom.event_index
+        if timeline is not None:
+            timeline.append(alloc._reserved)
+    return AllocatorResult(
+        peak_allocated_bytes=peak_alloc,
+        peak_reserved_bytes=peak_reserved,
+        reserved_at_peak_allocated_bytes=reserved_at_peak,
+        peak_index=peak_index,
+        peak_reserved_index=peak_reserved_index,
+        final_allocated_bytes=alloc.allocated,
+        final_reserved_bytes=alloc.reserved,
+        num_segments_at_peak=segments_at_peak,
+        oom=oom,
+        reserved_timeline=tuple(timeline) if timeline is not None else None,
+        block_bytes=blocks,
+    )

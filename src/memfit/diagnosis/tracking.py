@@ -1,0 +1,178 @@
+"""The recorders behind `memfit.doctor`: what the training loop creates and keeps.
+
+Three recorders run inside the `with doctor():` block, each costing one Python call per event:
+
+* `GradTracker` (a TorchFunctionMode): every tensor returned to Python with a `grad_fn` is
+  remembered weakly, with the user line that made it (`doctor_sites.site_of`). It also sees
+  `backward(retain_graph=True)` calls.
+* `StorageTracker` (a TorchDispatchMode): every new storage (forward, backward, optimizer) is
+  remembered weakly with its size, line and step, so live tensor bytes can be summed on any
+  device, and those of one step's working set told from those that outlive it.
+* `doctor_saved.SavedBook` (saved-tensor hooks): which saved tensors a backward used.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from memfit.diagnosis.saved_tensors import SavedBook
+from memfit.diagnosis.sites import Clock, Site
+
+#: Storage records are purged of dead entries when their number passes this (and then twice the
+#: number of live ones), so a long step does not grow the table without bound.
+_PURGE_MIN = 50_000
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_BACKWARD_FUNCS = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
+_SIGNATURES = {f: inspect.signature(f) for f in _BACKWARD_FUNCS}
+_ROOT_ARG = {torch.Tensor.backward: "self", torch.autograd.backward: "tensors"}
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [v for v in value if isinstance(v, torch.Tensor)]
+    return []
+
+
+class GradTracker(TorchFunctionMode):
+    """Remembers (weakly) each tensor with a grad_fn, and the line that made it."""
+
+    def __init__(self, clock: Clock, book: SavedBook) -> None:
+        super().__init__()
+        self.clock = clock
+        self.book = book
+        self.sites: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _BACKWARD_FUNCS and not self.clock.paused:
+            return self._backward(func, args, kwargs)
+        out = func(*args, **kwargs)
+        if not self.clock.paused and torch.is_grad_enabled():
+            site: Site | None = None
+            for t in _tensors(out):
+                if t.grad_fn is not None:
+                    site = site or self.clock.site_here(sys._getframe(1))
+                    self.sites[t] = site
+        return out
+
+    def _backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        site = self.clock.site_here(sys._getframe(2))
+        outer, self.clock.site = self.clock.site, site
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            self.clock.site = outer
+        bound = _SIGNATURES[func].bind(*args, **kwargs).arguments
+        if bound.get("retain_graph"):
+            self.book.retain(site, _tensors(bound.get(_ROOT_ARG.get(func, "outputs"))))
+        return out
+
+
+@dataclass(slots=True)
+class StorageRecord:
+    ref: StorageWeakRef
+    nbytes: int
+    site: Site | None
+    step: int  # the step that made it
+    device: torch.device
+    #: Made at its line from a storage that line made in an earlier step (`history =
+    #: torch.cat([history, x])`): a value carried across steps in a new storage.
+    carried: bool
+
+
+def _arg_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors among an op's arguments, and in its list arguments (`cat`'s inputs)."""
+    out: list[torch.Tensor] = []
+    for a in (*args, *kwargs.values()):
+        out.extend(_tensors(a))
+    return out
+
+
+class StorageTracker(TorchDispatchMode):
+    """Remembers (weakly) each storage created, with its size, the line and the step that made
+    it, and whether it carries a value of that line across steps."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.records: dict[int, StorageRecord] = {}
+        self._purge_at = _PURGE_MIN
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not self.clock.paused:
+            for t in _tensors(out):
+                self._record(t, args, kwargs)
+        return out
+
+    def _record(self, t: torch.Tensor, args: tuple, kwargs: dict) -> None:
+        if type(t) is not torch.Tensor or t.layout != torch.strided or t.is_nested:
+            return
+        storage = t.untyped_storage()
+        key = storage._cdata
+        old = self.records.get(key)
+        if old is not None and not old.ref.expired():
+            return
+        nbytes = storage.nbytes()
+        if nbytes == 0 or storage.device.type == "meta":
+            return
+        sources = [
+            a.untyped_storage()._cdata
+            for a in _arg_tensors(args, kwargs)
+            if type(a) in _PLAIN and a.layout == torch.strided and not a.is_nested
+        ]
+        if key in sources:
+            return  # a view, in-place op or out= of a storage made before the doctor started
+        site = self.clock.site_here(sys._getframe(2))
+        step = self.clock.step
+        carried = False
+        for src in map(self.records.get, sources):
+            # (an expired record is a dead storage that had the same address)
+            if src is not None and src.site == site and src.step < step and not src.ref.expired():
+                carried = True
+                break
+        self.records[key] = StorageRecord(
+            StorageWeakRef(storage), nbytes, site, step, storage.device, carried
+        )
+        if len(self.records) > self._purge_at:
+            self.purge()
+            self._purge_at = max(_PURGE_MIN, 2 * len(self.records))
+
+    def purge(self) -> None:
+        self.records = {k: r for k, r in self.records.items() if not r.ref.expired()}
+
+    def live(
+        self, exclude: dict[int, int], step: int
+    ) -> tuple[int, dict[Site | None, int], list[tuple[int, torch.device]]]:
+        """Live bytes of the recorded storages not in `exclude` that outlived the step that made
+        them (made before `step`) or carry a value across steps: in all and per line; and the
+        (size, device) of the others, the current step's working set (a batch, its outputs)."""
+        self.purge()
+        total = 0
+        by_site: dict[Site | None, int] = {}
+        working: list[tuple[int, torch.device]] = []
+        for key, rec in self.records.items():
+            if key in exclude:
+                continue
+            if rec.step < step or rec.carried:
+                total += rec.nbytes
+                by_site[rec.site] = by_site.get(rec.site, 0) + rec.nbytes
+            else:
+                working.append((rec.nbytes, rec.device))
+        return total, by_site, working
+
+    def keys_at(self, site: Site | None) -> set[int]:
+        return {k for k, r in self.records.items() if r.site == site and not r.ref.expired()}

@@ -1,0 +1,226 @@
+"""From the traced stream to device memory: allocator simulation, workspaces, CUDA context.
+
+- The cuBLAS workspace is allocated through the caching allocator at the first matmul and kept
+  (CublasHandlePool.cpp), so it enters the event stream as a "workspaces" allocation at the
+  first forward op and counts in allocated and reserved memory alike.
+- The stream is replayed through the caching-allocator simulator (`memfit.cuda.allocator`) for peak
+  reserved memory, fragmentation, and the OOM point under the GPU's capacity.
+- The CUDA context, lazily loaded kernels and NCCL buffers never go through the allocator; they
+  are added on top of reserved memory to give what nvidia-smi shows (`device_total_bytes`).
+- A cuDNN convolution workspace (an estimate with a range, see memfit.cuda.overhead) is added
+  to reserved memory when the model runs convolutions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from memfit.cuda.allocator_config import AllocatorConfig, cuda_block_size
+from memfit.cuda.allocator_replay import simulate
+from memfit.cuda.overhead import cublas_workspace_bytes, device_overhead
+from memfit.cuda.target import DEFAULT_GPU, get_gpu
+from memfit.estimator.step_runner import traced_micro_batches
+from memfit.events import ALLOC, FREE, Category, Event, StorageRecord
+from memfit.profile import MemoryProfile
+
+#: `fits` requires device memory to stay this fraction below the GPU's capacity. It covers the
+#: estimator's error targets (reserved memory within 3 % median, 8 % worst) for most jobs.
+FIT_MARGIN_FRACTION = 0.05
+
+#: The GPU assumed for context/workspace sizes and the attention kernel when none is named.
+
+_CONV_OPS = ("convolution", "cudnn_convolution", "convolution_backward")
+
+
+def place_on_host(
+    records: dict[int, StorageRecord], *, offload_optimizer: bool, embedding_path: str | None
+) -> dict[int, StorageRecord]:
+    """Records as they are when techniques keep some storages in CPU memory.
+
+    - offload_optimizer: optimizer state and the update's temporaries live on the CPU.
+    - embedding_path: the input embedding's weights, gradients and optimizer state live on the
+      CPU, and so does its backward; its forward output is moved to the GPU (device memory).
+    The trace is shared between these variants; only where storages live changes.
+    """
+    if not offload_optimizer and embedding_path is None:
+        return records
+    out = {}
+    for sid, r in records.items():
+        host = r.host
+        optimizer_work = r.category == "optimizer_state" or (
+            r.phase == "optimizer" and r.category == "temporaries"
+        )
+        in_embedding = embedding_path is not None and (
+            r.module == embedding_path or r.module.startswith(embedding_path + ".")
+        )
+        embedding_side = r.category in (
+            "parameters",
+            "gradients",
+            "optimizer_state",
+        ) or r.phase in (
+            "backward",
+            "optimizer",
+        )
+        if (offload_optimizer and optimizer_work) or (in_embedding and embedding_side):
+            host = True
+        out[sid] = r if host == r.host else replace(r, host=host)
+    return out
+
+
+def micro_batches(w: Any) -> int:
+    return traced_micro_batches(w)
+
+
+def summarize(
+    records: dict[int, StorageRecord], embedding_path: str | None, micro: int
+) -> dict[str, int]:
+    """Device bytes of the step's state, for the cost model.
+
+    parameters and optimizer state as allocated; gradients of the last step (each step
+    allocates them anew); the input embedding's output of one micro-batch (what crosses PCIe
+    when the embedding runs on the CPU).
+    """
+
+    last = max((r.step for r in records.values()), default=0)
+    out = dict.fromkeys(
+        ("parameters", "gradients", "optimizer_state", "host_optimizer_state", "embedding_output"),
+        0,
+    )
+    for r in records.values():
+        size = cuda_block_size(r.nbytes)
+        if r.category == "parameters" and not r.host:
+            out["parameters"] += size
+        elif r.category == "gradients" and not r.host and r.step == last:
+            out["gradients"] += size
+        elif r.category == "optimizer_state":
+            out["host_optimizer_state" if r.host else "optimizer_state"] += (
+                r.nbytes if r.host else size
+            )
+        elif (
+            embedding_path is not None
+            and r.phase == "forward"
+            and r.step == last
+            and r.module == embedding_path
+        ):
+            out["embedding_output"] += r.nbytes
+    out["embedding_output"] //= max(micro, 1)
+    return out
+
+
+def add_workspaces(
+    records: dict[int, StorageRecord], events: list[Event], nbytes: int, pairs: int = 1
+) -> tuple[dict[int, StorageRecord], list[Event]]:
+    """Insert the cuBLAS workspaces: `pairs` (1 or 2) allocations of `nbytes` each.
+
+    The first comes before the first forward event (the main thread's handle); a second
+    before the first backward event (the autograd engine's thread has its own handle).
+    """
+    if nbytes <= 0 or pairs <= 0:
+        return records, events
+    new_records = dict(records)
+    new_events = list(events)
+    for phase in ("forward", "backward")[:pairs]:
+        at = next((i for i, ev in enumerate(new_events) if ev.phase == phase), None)
+        if at is None:
+            at = next(
+                (i for i, ev in enumerate(new_events) if ev.phase == "forward"), len(new_events)
+            )
+        step = new_events[at][3] if at < len(new_events) else 0
+        sid = max(new_records, default=-1) + 1
+        new_records[sid] = StorageRecord(
+            sid, nbytes, Category.WORKSPACES, phase, step, "cublas_workspace", "", -1, 0
+        )
+        new_events.insert(at, Event(ALLOC, sid, phase, step, "cublas_workspace", "", -1))
+    return new_records, new_events
+
+
+def uses_convolution(events: list[Event]) -> bool:
+    return any(ev.op.startswith(_CONV_OPS) for ev in events if ev.kind == ALLOC)
+
+
+def attach_device_memory(
+    est: Any, records: dict[int, StorageRecord], events: list[Event], *,
+    alloc_conf: AllocatorConfig | None = None, n_gpus: int = 1,
+) -> MemoryProfile:  # fmt: skip
+    """Fill `est.profile` (built here) with reserved and device memory, and `est.fits`."""
+
+    gpu = est.gpu or get_gpu(DEFAULT_GPU)
+    w = est.workload
+    records = place_on_host(
+        records,
+        offload_optimizer=w.offload_optimizer,
+        embedding_path=getattr(est, "embedding_path", None) if w.embedding_on_cpu else None,
+    )
+    conv = uses_convolution(events)
+    overhead = device_overhead(gpu, n_gpus=n_gpus, uses_conv=conv, training=w.training)
+    cublas = overhead.item("cublas_workspace")
+    est.records_summary = summarize(records, est.embedding_path, micro_batches(w))
+    if cublas is not None:  # device_overhead decided how many (handle, stream) pairs
+        per_pair = cublas_workspace_bytes(gpu)
+        records, events = add_workspaces(records, events, per_pair, cublas.bytes // per_pair)
+    stream = [
+        (
+            1 if ev.kind == ALLOC else -1,
+            ev.sid,
+            0 if records[ev.sid].host else records[ev.sid].nbytes,
+        )
+        for ev in events
+        if ev.kind in (ALLOC, FREE)
+    ]
+    cfg = alloc_conf or AllocatorConfig()
+    capacity = gpu.total_memory_bytes
+    outside = overhead.outside_allocator_bytes()
+    cudnn = overhead.item("cudnn_conv_workspace")
+    cudnn_bytes = cudnn.bytes if (cudnn and conv) else 0
+    # The memory the traced tensors can get: the device less what the allocator never sees,
+    # less the cuDNN workspace (allocated through it, but not part of the trace).
+    allocator_capacity = capacity - outside - cudnn_bytes
+    run = simulate(stream, config=cfg, total_bytes=capacity, record_blocks=True)
+    failed = run if run.oom is not None else None  # only a memory fraction caps this run
+    if est.gpu is not None and failed is None and 0 < allocator_capacity < run.peak_reserved_bytes:
+        # On this GPU cudaMalloc fails first; PyTorch then frees its cache and retries, so a
+        # step that needs more than fits can still run, with less reserved.
+        bounded = simulate(
+            stream, config=cfg, capacity_bytes=allocator_capacity, total_bytes=capacity,
+            record_blocks=True,
+        )  # fmt: skip
+        if bounded.oom is None:
+            run = bounded
+        else:
+            failed = bounded
+    # Allocated as PyTorch counts it: whole blocks (a block is not split when the rest would
+    # be too small), not requested bytes.
+    profile = MemoryProfile.from_events(records, events, block_bytes=run.block_bytes)
+    reserved = run.peak_reserved_bytes + cudnn_bytes
+    profile.peak_reserved_bytes = reserved
+    profile.device_total_bytes = reserved + outside
+    profile.device_breakdown = {
+        "allocated": profile.peak_allocated_bytes,
+        "allocator_cache": reserved - profile.peak_allocated_bytes,
+        "workspaces": (cublas.bytes if cublas else 0) + cudnn_bytes,
+        "cuda_context": sum(
+            i.bytes
+            for i in overhead.items
+            if not i.through_allocator and i.name != "nccl_communicator"
+        ),
+        "nccl": sum(i.bytes for i in overhead.items if i.name == "nccl_communicator"),
+    }
+    low, high = overhead.outside_allocator_range_bytes()
+    est.device_total_range = (reserved + low, reserved + high)
+    est.overhead = overhead
+    est.oom = None
+    if failed is not None and failed.oom is not None:
+        oom_ev = events[failed.oom.event_index]
+        est.oom = failed.oom.message(
+            op=oom_ev.op, module=oom_ev.module or "<top>", total_capacity_bytes=capacity
+        )
+    if est.gpu is not None:
+        limit = int(capacity * (1 - FIT_MARGIN_FRACTION))
+        est.fits = failed is None and allocator_capacity > 0 and profile.device_total_bytes <= limit
+    else:
+        est.notes.append(
+            f"No GPU named: CUDA context and workspace sizes assume {gpu.display_name}."
+        )
+    est.profile = profile
+    return profile

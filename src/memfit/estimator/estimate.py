@@ -1,0 +1,216 @@
+"""`memfit.estimate`: peak GPU memory of a step, without a GPU.
+
+Example:
+    >>> import memfit
+    >>> est = memfit.estimate("gpt2", memfit.Workload(batch_size=8, seq_len=1024), gpu="rtx-4090")
+    >>> est.profile.peak_allocated_bytes, est.fits
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from memfit.cuda.allocator_config import AllocatorConfig
+from memfit.cuda.target import get_gpu
+from memfit.errors import BadInputError
+from memfit.estimator.device_memory import attach_device_memory
+from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch, expand
+from memfit.estimator.step_runner import Trace, run_trace, traced_micro_batches
+from memfit.models.sources import ModelSpec, resolve_model
+from memfit.profile import MemoryProfile
+from memfit.techniques.embedding_on_cpu import tied_embedding_message
+from memfit.workload import Workload
+
+
+@dataclass(kw_only=True)
+class Estimate:
+    """The result of `estimate`: the profile plus what was assumed to produce it."""
+
+    model: str
+    workload: Workload
+    profile: MemoryProfile
+    parameter_count: int
+    trainable_parameter_count: int
+    num_blocks: int
+    replayed: bool
+    attention_backend: str | None
+    trace_seconds: float
+    gpu: Any = None
+    fits: bool | None = None
+    oom: str | None = None
+    device_total_range: tuple[int, int] | None = None
+    overhead: Any = None
+    embedding_path: str | None = None
+    #: Device bytes of parameters, gradients, optimizer state (see device.summarize).
+    records_summary: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    #: FLOPs of the steady-state step by phase ("forward", "backward", "recompute", ...).
+    flops: dict[str, int] = field(default_factory=dict)
+
+
+def steady_flops(flops: dict[tuple[int, str, int], int], scale: float = 1.0) -> dict[str, int]:
+    """FLOPs of the last traced step (steady state), summed over blocks, by phase.
+
+    `scale` multiplies forward, backward and recompute FLOPs: the step has `grad_accum`
+    micro-batches, of which at most 2 are traced (trace.MAX_TRACED_MICRO_BATCHES).
+    """
+    if not flops:
+        return {}
+    last = max(k[0] for k in flops)
+    out: dict[str, int] = {}
+    for (step, phase, _owner), f in flops.items():
+        if step == last:
+            out[phase] = out.get(phase, 0) + f
+    for phase in ("forward", "backward", "recompute"):
+        if phase in out:
+            out[phase] = round(out[phase] * scale)
+    return out
+
+
+def _uniform_layers(config: Any) -> bool:
+    """False when the config gives blocks different behaviour (e.g. sliding-window layers)."""
+    types = dict(config).get("layer_types")
+    return not types or len(set(types)) <= 1
+
+
+def trace_spec(
+    spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, *, verify: bool = True
+) -> tuple[Trace, int, bool]:
+    """Trace `spec`, replaying repeated blocks when possible; returns (trace, blocks, replayed).
+
+    The replay is used only when the traced blocks prove identical (see memfit.estimator.replay);
+    otherwise, and for models memfit cannot shorten (an nn.Module passed in), the whole model
+    is traced.
+    """
+
+    n = spec.num_layers
+    partial_ckpt = w.checkpoint_first is not None and w.checkpoint_first < (n or 0)
+    # Blocks checkpointed and not are different blocks: such a model is traced whole.
+    if spec.can_shorten and n is not None and n > TRACED_BLOCKS + 1 and not partial_ckpt:
+        entry = spec.extra.get("entry")
+        uniform = entry is None or _uniform_layers(entry.config)
+        if uniform:
+            tr = run_trace(spec, w, capability, num_layers=TRACED_BLOCKS)
+            if len(tr.block_paths) == TRACED_BLOCKS:
+                try:
+                    if not verify or _replay_verified(spec, w, capability, tr):
+                        records, events = expand(tr.records, tr.events, n, tr.block_paths)
+                        extra = n - TRACED_BLOCKS
+                        tr.parameter_count += extra * tr.block_parameter_count
+                        tr.trainable_parameter_count += extra * tr.block_trainable_parameter_count
+                        tr.records, tr.events = records, events
+                        tr.flops = {
+                            key: f * (1 + extra) if key[2] == 1 else f
+                            for key, f in tr.flops.items()
+                        }
+                        return tr, n, True
+                except ReplayMismatch:
+                    pass
+    tr = run_trace(spec, w, capability)
+    return tr, len(tr.block_paths), False
+
+
+def _profile_key(p: MemoryProfile) -> tuple:
+    phases = sorted((ph.step, ph.phase, ph.peak_bytes) for ph in p.phases)
+    return (p.peak_allocated_bytes, p.breakdown, p.by_module, phases, p.timeline)
+
+
+def _replay_verified(
+    spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, traced: Trace
+) -> bool:
+    """Guard: expanding the 3-block trace to 4 blocks must match a real 4-block trace.
+
+    Same live-bytes timeline, event for event, and so the same peak, breakdown, per-module
+    bytes and per-phase peaks; otherwise the caller
+    traces the whole model. This catches block patterns the expansion does not model (see
+    docs/accuracy.md) at the cost of one more short trace.
+    """
+
+    four = run_trace(spec, w, capability, num_layers=TRACED_BLOCKS + 1)
+    records, events = expand(traced.records, traced.events, TRACED_BLOCKS + 1, traced.block_paths)
+    expanded = MemoryProfile.from_events(records, events)
+    actual = MemoryProfile.from_events(four.records, four.events)
+    return _profile_key(expanded) == _profile_key(actual)
+
+
+def estimate(
+    model: Any,
+    workload: Workload | None = None,
+    *,
+    gpu: str | None = None,
+    task: str | None = None,
+    alloc_conf: str | None = None,
+) -> Estimate:
+    """Estimate the peak memory of one step of `workload` on `model`.
+
+    Args:
+        model: a catalog name, an HF config.json path, "file.py:build", or an nn.Module.
+        workload: the step; defaults to `Workload()` (batch 1, fp32, AdamW).
+        gpu: a GPU name from the catalog (`memfit gpus`); decides the attention kernel and
+            `fits`. Overrides `workload.gpu`.
+        task: the head for catalog/config models (e.g. "seq-classification").
+        alloc_conf: a PYTORCH_CUDA_ALLOC_CONF string for the allocator simulation, e.g.
+            "expandable_segments:True".
+    """
+
+    w = workload or Workload()
+    cfg = AllocatorConfig.from_string(alloc_conf) if alloc_conf else None
+    if gpu is not None:
+        w = w.with_(gpu=gpu)
+    gpu_obj = None
+    capability = None
+    if w.gpu is not None:
+        gpu_obj = get_gpu(w.gpu)
+        capability = gpu_obj.compute_capability
+    spec = resolve_model(model, task=task)
+    t0 = time.perf_counter()
+    tr, n_blocks, replayed = trace_spec(spec, w, capability)
+    seconds = time.perf_counter() - t0
+    return estimate_from_trace(
+        spec, w, tr, n_blocks=n_blocks, replayed=replayed, gpu=gpu_obj, alloc_conf=cfg,
+        seconds=seconds,
+    )  # fmt: skip
+
+
+def estimate_from_trace(
+    spec: ModelSpec,
+    w: Workload,
+    tr: Trace,
+    *,
+    n_blocks: int,
+    replayed: bool,
+    gpu: Any,
+    alloc_conf: Any = None,
+    seconds: float = 0.0,
+) -> Estimate:
+    """The Estimate of workload `w` from a trace of it (or of a workload that differs only in
+    where storages live: offload_optimizer, embedding_on_cpu). The planner prices such variants
+    from one trace this way."""
+
+    backends = sorted(set(tr.attention_backends))
+    scale = w.grad_accum / traced_micro_batches(w) if w.training else 1.0
+    est = Estimate(
+        model=spec.name,
+        workload=w,
+        profile=None,  # type: ignore[arg-type]  # filled by attach_device_memory
+        parameter_count=tr.parameter_count,
+        trainable_parameter_count=tr.trainable_parameter_count,
+        num_blocks=n_blocks,
+        replayed=replayed,
+        attention_backend=",".join(backends) if backends else None,
+        trace_seconds=seconds,
+        gpu=gpu,
+        flops=steady_flops(tr.flops, scale),
+        embedding_path=tr.embedding_path,
+    )
+    if w.embedding_on_cpu and tr.embedding_path is None:
+        raise BadInputError(
+            f"--embedding-on-cpu needs an input embedding, and {spec.name!r} has none "
+            "(get_input_embeddings() returned nothing)."
+        )
+    if w.embedding_on_cpu and tr.embedding_tied_to is not None:
+        raise BadInputError(tied_embedding_message(tr.embedding_tied_to))
+    attach_device_memory(est, tr.records, tr.events, alloc_conf=alloc_conf, n_gpus=w.gpus)
+    return est

@@ -1,0 +1,310 @@
+"""Replay of repeated blocks: trace 3 of N identical blocks, rebuild the stream of all N.
+
+The 32 decoder layers of a 7B model do the same thing 32 times. The tracer runs a model built
+with 3 of them (T0, T1, T2) and `expand` rebuilds the event stream of N blocks by replicating
+T1's events N - 3 times, so the estimate of a 70B model costs about what a 1B one does.
+
+Note: [How the stream is expanded]
+    Every event has an owner: the block it belongs to (module context in forward/backward; for
+    optimizer and zero_grad events, the block of the parameter it concerns). The stream is cut
+    into runs: maximal stretches of consecutive events of one owner within one (step, phase).
+    Runs of T0, T1 and T2 are paired by order of occurrence; paired runs must have the same
+    signature (kind, bytes, op of every event), otherwise `expand` refuses (ReplayMismatch) and
+    the caller traces the whole model. Blocks run in ascending order (forward, optimizer) or
+    descending order (backward); the order of each run triple tells which.
+
+    In the expanded stream, T1 becomes blocks 1..N-2 (copy c is block 1 + c) and T2 becomes
+    block N-1. An event of copy c that refers to an allocation of
+      - T1: refers to the same copy's allocation;
+      - T0 (the previous block): refers to copy c-1's corresponding allocation (T0's for c=0);
+      - T2 (the next block): refers to copy c+1's corresponding allocation (T2's for c=last);
+      - no block (shared tensors): refers to it, and a free of it is kept only in the copy
+        that comes last in time (it is freed once).
+    An event of T2 that refers to a T1 allocation refers to the last copy; T0's to copy 0.
+    "Corresponding" pairs the i-th allocation of a T0 (or T2) run with the i-th allocation of
+    the paired T1 run. The test suite checks that the expansion equals a full trace event for
+    event on models small enough to trace fully.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from memfit.events import ALLOC, FREE, Event, StorageRecord
+
+TRACED_BLOCKS = 3
+
+
+class ReplayMismatch(Exception):
+    """The traced blocks do not behave identically; the whole model must be traced."""
+
+
+def _effective_owners(events: list[Event], records: dict[int, StorageRecord]) -> list[int]:
+    """The block each event is replayed with (see Note: [How the stream is expanded]).
+
+    Two kinds of free are moved into a neighbouring block's run:
+    - frees sandwiched between events of one block, or of no block (a per-parameter optimizer
+      frees the previous parameter's temporary while it works on the next one);
+    - in forward, frees right after a block's events and outside any block (the parent loop
+      releases the previous block's output once the next block has returned).
+    """
+    own = [ev.owner for ev in events]
+    n = len(events)
+    # Host storages (CPU-side scalars) carry no device bytes. One whose owner matches neither
+    # nearest device event (a step increment created after the per-parameter loop, owned by
+    # whichever parameter was looked up last) belongs to no block, so it never splits a run.
+    device = [not records[ev.sid].host for ev in events]
+    for i, ev in enumerate(events):
+        if device[i]:
+            continue
+        near = set()
+        for step in (-1, 1):
+            k = i + step
+            while 0 <= k < n and not device[k]:
+                k += step
+            if 0 <= k < n and events[k].phase == ev.phase and events[k].step == ev.step:
+                near.add(own[k])
+        if own[i] not in near:
+            own[i] = -1
+
+    def same_span(a: int, b: int) -> bool:
+        return events[a][2] == events[b][2] and events[a][3] == events[b][3]
+
+    i = 0
+    while i < n:
+        if events[i][0] != FREE:
+            i += 1
+            continue
+        j = i
+        while j < n and events[j][0] == FREE and same_span(i, j):
+            j += 1
+        prev = own[i - 1] if i > 0 and same_span(i - 1, i) else None
+        nxt = own[j] if j < n and same_span(j, i) else None
+        if prev is not None and prev == nxt:
+            own[i:j] = [prev] * (j - i)
+        elif prev is not None and prev >= 0 and events[i][2] == "forward":
+            for k in range(i, j):
+                if own[k] < 0:
+                    own[k] = prev
+        i = j
+    # A single free between two events of one other owner joins them (in zero_grad, the
+    # gradient of a non-block parameter that block 0's backward happened to allocate).
+    for i in range(1, n - 1):
+        if (
+            events[i][0] == FREE
+            and own[i - 1] == own[i + 1] != own[i]
+            and same_span(i - 1, i)
+            and same_span(i, i + 1)
+        ):
+            own[i] = own[i - 1]
+    return own
+
+
+def _runs(events: list[Event], own: list[int]) -> list[tuple[int, int, int]]:
+    """(start, end, owner) of each run of consecutive events with one owner and phase.
+
+    A run also ends where a list of optimizer temporaries (a foreach op's outputs, or a list
+    built per parameter) gives way to its frees: a Python list frees its items from the end,
+    so the block at the end of the parameter list would otherwise merge its allocations and
+    its frees into one run.
+    """
+    runs = []
+    start = 0
+    for i in range(1, len(events) + 1):
+        if (
+            i == len(events)
+            or own[i] != own[start]
+            or events[i][2] != events[start][2]
+            or events[i][3] != events[start][3]
+            or (
+                events[i][0] == FREE
+                and events[i - 1][0] == ALLOC
+                and (
+                    events[i - 1][4].startswith("_foreach")
+                    # A list built in the optimizer (e.g. Adafactor's per-parameter norms)
+                    # released from its end: the first of several frees is of the last of
+                    # several allocations by one op.
+                    or (
+                        events[i][2] == "optimizer"
+                        and events[i][1] == events[i - 1][1]
+                        and i + 1 < len(events)
+                        and events[i + 1][0] == FREE
+                        and i >= 2
+                        and events[i - 2][0] == ALLOC
+                        and events[i - 2][4] == events[i - 1][4]
+                    )
+                )
+            )
+        ):
+            runs.append((start, i, own[start]))
+            start = i
+    return runs
+
+
+def expand(
+    records: dict[int, StorageRecord],
+    events: list[Event],
+    num_blocks: int,
+    block_paths: list[str],
+) -> tuple[dict[int, StorageRecord], list[Event]]:
+    """Rebuild the stream of `num_blocks` blocks from a trace of TRACED_BLOCKS of them."""
+    extra = num_blocks - TRACED_BLOCKS
+    if extra < 0:
+        raise ValueError(f"cannot expand {TRACED_BLOCKS} traced blocks to {num_blocks}")
+    if extra == 0:
+        return records, events
+    own_of = _effective_owners(events, records)
+    runs = _runs(events, own_of)
+    by_owner: dict[int, list[tuple[int, int]]] = {1: [], 2: []}
+    for s, e, o in runs:
+        if o in by_owner:
+            by_owner[o].append((s, e))
+    if len(by_owner[1]) != len(by_owner[2]):
+        raise ReplayMismatch(
+            f"blocks 1 and 2 have different numbers of event runs "
+            f"({len(by_owner[1])}, {len(by_owner[2])})"
+        )
+
+    def signature(s: int, e: int) -> list[tuple[int, int, str]]:
+        # A block's signature: its allocations, the frees of its own storages, and the frees of
+        # the previous block's storages (marked -2). Frees of the next block's storages differ
+        # at the end of the stack (the last block has none) and are remapped by relation below;
+        # frees of shared storages happen once, in whichever block uses them last.
+        own = own_of[s]
+        sig = []
+        for ev in events[s:e]:
+            rec = records[ev.sid]
+            if rec.host:
+                continue
+            if ev.kind == ALLOC or rec.owner == own:
+                sig.append((ev.kind, rec.nbytes, ev.op))
+            elif rec.owner == own - 1:
+                sig.append((-2, rec.nbytes, ev.op))
+        return sig
+
+    corr_prev: dict[int, int] = {}  # T0 sid -> the T1 sid in the same role
+    corr_next: dict[int, int] = {}  # T2 sid -> T1 sid
+    descending: dict[int, bool] = {}  # T1 run start -> runs in descending block order
+    for (s1, e1), (s2, e2) in zip(by_owner[1], by_owner[2], strict=True):
+        if signature(s1, e1) != signature(s2, e2):
+            raise ReplayMismatch(f"block runs differ at event {s1} (op {events[s1][4]})")
+        descending[s1] = s2 < s1
+        a1, a2 = (
+            [ev.sid for ev in events[s:e] if ev.kind == ALLOC and not records[ev.sid].host]
+            for s, e in ((s1, e1), (s2, e2))
+        )
+        corr_next.update(zip(a2, a1, strict=True))
+        # Block 1 frees block 0's storage where block 2 frees block 1's: that pairs them. Block
+        # 0 itself may differ from the others (its input may need no gradient, as with a frozen
+        # embedding), so it is not the pattern; it is kept as traced.
+        p1, p2 = (
+            [
+                ev.sid
+                for ev in events[s:e]
+                if ev.kind == FREE and not records[ev.sid].host and records[ev.sid].owner == k - 1
+            ]
+            for s, e, k in ((s1, e1, 1), (s2, e2, 2))
+        )
+        corr_prev.update(zip(p1, p2, strict=True))
+
+    offset = max(records) + 1 if records else 1
+    last = extra  # copies are c = 0..last; c = 0 is the traced T1
+
+    def copy_sid(sid: int, c: int) -> int:
+        return sid if c == 0 else sid + c * offset
+
+    def ref_from_copy(sid: int, c: int) -> int | None:
+        owner = records[sid].owner
+        if owner == 1:
+            return copy_sid(sid, c)
+        if owner == 0:
+            # Copy c's previous block is copy c-1 (block 0 for the first copy).
+            return sid if c == 0 else copy_sid(_lookup(corr_prev, sid), c - 1)
+        if owner == 2:
+            return sid if c == last else copy_sid(_lookup(corr_next, sid), c + 1)
+        return None  # not a block allocation
+
+    prefix = block_paths[0].rsplit(".", 1)[0] + "." if "." in block_paths[0] else ""
+
+    def rename(path: str, old: int, new: int) -> str:
+        head = f"{prefix}{old}"
+        if path == head or path.startswith(head + "."):
+            return f"{prefix}{new}" + path[len(head) :]
+        return path
+
+    out_records: dict[int, StorageRecord] = {}
+    for sid, rec in records.items():
+        if rec.owner == 1:
+            for c in range(last + 1):
+                out_records[copy_sid(sid, c)] = replace(
+                    rec, sid=copy_sid(sid, c), owner=1 + c, module=rename(rec.module, 1, 1 + c)
+                )
+        elif rec.owner == 2:
+            out_records[sid] = replace(
+                rec, owner=num_blocks - 1, module=rename(rec.module, 2, num_blocks - 1)
+            )
+        else:
+            out_records[sid] = rec
+
+    def fixed_owner(o: int, run_owner: int) -> int:
+        # Outside T1's runs: T0 stays block 0 and T2 becomes the last block; T1 is the copy
+        # next to the run's block (the first copy beside T0, the last beside T2).
+        if o == 2:
+            return num_blocks - 1
+        if o == 1 and run_owner == 2:
+            return num_blocks - 2
+        return o
+
+    out: list[Event] = []
+    for s, e, owner in runs:
+        if owner != 1:
+            released: list[Event] = []  # consecutive frees of T1 storages outside any block
+
+            for ev in events[s:e]:
+                sid = ev.sid
+                module = rename(ev.module, 2, num_blocks - 1) if owner == 2 else ev.module
+                if records[sid].owner == 1 and owner not in (0, 2):
+                    if ev.kind != FREE:
+                        raise ReplayMismatch(f"a non-block event allocates block storage at {s}")
+                    released.append(ev)
+                    continue
+                _flush_released(released, out, last, copy_sid)
+                if records[sid].owner == 1:
+                    sid = copy_sid(sid, last if owner == 2 else 0)
+                out.append(ev._replace(sid=sid, module=module, owner=fixed_owner(ev.owner, owner)))
+            _flush_released(released, out, last, copy_sid)
+            continue
+        order = range(last, -1, -1) if descending[s] else range(last + 1)
+        last_in_time = order[-1]
+        for c in order:
+            for ev in events[s:e]:
+                ref = ref_from_copy(ev.sid, c)
+                if ref is None:
+                    if ev.kind == FREE and c != last_in_time:
+                        continue
+                    if ev.kind == ALLOC:
+                        raise ReplayMismatch(f"block run allocates a non-block storage at {s}")
+                    ref = ev.sid
+                who = -1 if ev.owner < 0 else ev.owner + c  # T0, T1, T2 are blocks c, 1+c, 2+c
+                out.append(ev._replace(sid=ref, module=rename(ev.module, 1, 1 + c), owner=who))
+    return out_records, out
+
+
+def _flush_released(
+    released: list[Event], out: list[Event], last: int, copy_sid: Callable[[int, int], int]
+) -> None:
+    """Frees of T1 storages outside any block (outputs dropped after forward, the autocast
+    cache cleared): every copy releases its storages at this point, block after block."""
+    for c in range(last + 1):
+        for r in released:
+            who = 1 + c if r.owner == 1 else r.owner
+            out.append(r._replace(kind=FREE, sid=copy_sid(r.sid, c), owner=who))
+    released.clear()
+
+
+def _lookup(table: dict[int, int], sid: int) -> int:
+    try:
+        return table[sid]
+    except KeyError:
+        raise ReplayMismatch(f"storage {sid} has no counterpart in block 1") from None

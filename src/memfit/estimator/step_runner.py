@@ -1,0 +1,425 @@
+"""Run a workload on fake CPU tensors under the tracker: the raw material of every estimate.
+
+The step traced is the clean loop memfit recommends and `apply_` runs:
+
+    for each micro-batch (grad_accum of them):
+        batch = next(data)                              # inputs
+        with autocast: loss = model(**batch).loss / grad_accum   # forward; outputs dropped
+        scaler.scale(loss).backward()                   # backward
+        del loss, batch
+    optimizer.step()                                    # optimizer
+    optimizer.zero_grad(set_to_none=True)               # zero_grad
+
+It runs `workload.steps` times (2 by default: warm-up creates optimizer state, then steady
+state). Inference runs the forward under `torch.no_grad()` once per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
+
+from memfit.errors import BadInputError, TraceError
+from memfit.estimator.cuda_emulation import CudaEmulation
+from memfit.estimator.fake_distributed import fake_world
+from memfit.estimator.tracker import OwnerTrackingState, Tracker, parameter_modules
+from memfit.events import Category, Event, StorageRecord
+from memfit.models.sources import ModelSpec
+from memfit.models.structure import embedding_tied_to, find_repeated_blocks, input_embedding_path
+from memfit.techniques import FSDPConfig
+from memfit.techniques.checkpointing import checkpoint_blocks
+from memfit.techniques.composition import prepare_model
+from memfit.techniques.fsdp import shard_model
+from memfit.techniques.optimizer import host_state_keys, optimizer_for_trace
+from memfit.techniques.train_setup import call_model
+from memfit.workload import Workload
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class Trace:
+    """What one traced run produced."""
+
+    records: dict[int, StorageRecord]
+    events: list[Event]
+    parameter_count: int
+    trainable_parameter_count: int
+    block_paths: list[str]
+    attention_backends: list[str]
+    embedding_path: str | None = None
+    #: A parameter outside the input embedding that shares its weight (tied), or None.
+    embedding_tied_to: str | None = None
+    flops: dict[tuple[int, str, int], int] = field(default_factory=dict)
+    block_parameter_count: int = 0
+    block_trainable_parameter_count: int = 0
+    module_types: dict[str, str] = field(default_factory=dict)
+
+
+def materialize_fake(
+    model: torch.nn.Module, fake_mode: FakeTensorMode, dtype: torch.dtype | None, copy_it: bool
+) -> torch.nn.Module:
+    """Swap every parameter and buffer for a fake CPU tensor (optionally in a copy).
+
+    Floating parameters and buffers are cast to `dtype` when it is given (pure low precision).
+    Tied parameters stay tied: a tensor seen twice maps to the same fake.
+    """
+    memo: dict[int, Any] = {}
+
+    def fake_of(t: torch.Tensor, is_param: bool) -> Any:
+        if id(t) in memo:
+            return memo[id(t)]
+        target = dtype if (dtype is not None and t.is_floating_point()) else t.dtype
+        with fake_mode:
+            new = torch.empty_strided(tuple(t.shape), t.stride(), dtype=target, device="cpu")
+        out: Any = torch.nn.Parameter(new, requires_grad=t.requires_grad) if is_param else new
+        memo[id(t)] = out
+        return out
+
+    tensors: list[tuple[torch.nn.Module, str, torch.Tensor, bool]] = []
+    for mod in model.modules():
+        for n, p in mod._parameters.items():
+            if p is not None:
+                tensors.append((mod, n, p, True))
+        for n, b in mod._buffers.items():
+            if b is not None:
+                tensors.append((mod, n, b, False))
+    for _, _, t, is_param in tensors:
+        fake_of(t, is_param)
+    if copy_it:
+        deep_memo = {id(t): memo[id(t)] for _, _, t, _ in tensors}
+        return copy.deepcopy(model, deep_memo)
+    for mod, n, t, is_param in tensors:
+        if is_param:
+            mod._parameters[n] = memo[id(t)]
+        else:
+            mod._buffers[n] = memo[id(t)]
+    return model
+
+
+def make_batch_for(spec: ModelSpec, model: torch.nn.Module, w: Workload, dtype: torch.dtype) -> Any:
+    b = w.batch_size
+    cfg = getattr(model, "config", None)
+    if spec.make_batch is not None:
+        return spec.make_batch(b)
+    kind = spec.input_kind
+    if kind in ("tokens", "seq2seq-tokens"):
+        s = w.seq_len or 512
+        if spec.max_positions is not None and s > spec.max_positions:
+            raise BadInputError(
+                f"Sequence length {s} is longer than {spec.name!r} supports "
+                f"({spec.max_positions} positions). Use --seq {spec.max_positions} or less."
+            )
+        vocab = int(getattr(cfg, "vocab_size", 32000) or 32000)
+        ids = torch.randint(0, vocab, (b, s))
+        batch: dict[str, Any] = {"input_ids": ids}
+        if not w.training and kind == "tokens":
+            return batch  # inference: logits only, no loss (serving, generation's prefill)
+        if spec.task in ("causal-lm", "masked-lm", "token-classification", "seq2seq-lm"):
+            batch["labels"] = torch.randint(
+                0, vocab if spec.task != "token-classification" else 2, (b, s)
+            )
+        elif spec.task == "seq-classification":
+            batch["labels"] = torch.randint(0, 2, (b,))
+        return batch
+    if kind == "image":
+        size = w.image_size or spec.image_size or 224
+        x = torch.empty(b, 3, size, size, dtype=dtype)
+        labels = torch.randint(0, 1000, (b,))
+        if spec.loss == "cross_entropy":
+            return (x, labels)
+        if not w.training:
+            return {"pixel_values": x}
+        return {"pixel_values": x, "labels": labels}
+    if kind == "audio":
+        mels = int(getattr(cfg, "num_mel_bins", 80))
+        frames = 2 * int(getattr(cfg, "max_source_positions", 1500))
+        s = w.seq_len or 448
+        return {
+            "input_features": torch.empty(b, mels, frames, dtype=dtype),
+            "labels": torch.randint(0, int(getattr(cfg, "vocab_size", 51865)), (b, s)),
+        }
+    raise BadInputError(
+        f"Cannot make inputs for {spec.name!r}: give an input factory 'file.py:build:make_batch'."
+    )
+
+
+def step_loss(spec: ModelSpec, out: Any, batch: Any) -> torch.Tensor:
+    if spec.loss == "cross_entropy":
+        return torch.nn.functional.cross_entropy(out, batch[1])
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(out, torch.Tensor):
+        return out if out.dim() == 0 else out.float().sum()
+    leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not leaves:
+        raise TraceError(
+            f"The output of {spec.name!r} has no tensor that requires grad, so there is no "
+            "backward to trace. Use --mode inference, or return a loss."
+        )
+    return leaves[0].float().sum()
+
+
+def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, *,
+              num_layers: int | None = None) -> Trace:  # fmt: skip
+    """Build the model, trace `w.steps` steps, and return the event stream.
+
+    With `w.gpus > 1` the model is sharded with FSDP2 over a fake process group (memfit.
+    fake_distributed) and the stream is that of rank 0.
+    """
+    if w.gpus == 1:
+        return _run_trace(spec, w, capability, num_layers, None)
+
+    with fake_world(w.gpus) as mesh:
+        return _run_trace(spec, w, capability, num_layers, mesh)
+
+
+def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
+               num_layers: int | None, mesh: Any) -> Trace:  # fmt: skip
+
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    low = DTYPES[w.compute_dtype_name]
+    if spec.owns_model:
+        with torch.device("meta"):
+            model = spec.build(num_layers, w.attention)
+    else:
+        model = spec.build(num_layers, w.attention)
+    model = prepare_model(model, w, spec)  # LoRA / freeze (on meta or user module)
+    model = materialize_fake(
+        model, fake_mode, low if w.pure_low_precision else torch.float32, not spec.owns_model
+    )
+    blocks = find_repeated_blocks(model)
+    if w.checkpointing == "blocks":
+        if not blocks:
+            raise BadInputError(
+                f"--checkpointing blocks needs a stack of repeated blocks, and {spec.name!r} has "
+                "none (no nn.ModuleList/nn.Sequential of identical modules)."
+            )
+        chosen = blocks if w.checkpoint_first is None else blocks[: w.checkpoint_first]
+        checkpoint_blocks(model, chosen)
+    if mesh is not None:
+        with fake_mode:
+            shard_model(model, FSDPConfig(), mesh=mesh)
+    model.train(w.training)
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "use_cache"):
+        config.use_cache = False
+
+    params = list(dict.fromkeys(model.parameters()))
+    trainable = [p for p in params if p.requires_grad]
+    tracker = Tracker(model, blocks)
+    emulation = CudaEmulation(
+        dtype=low if w.mixed else None,
+        capability=capability,
+        enabled=tracker.in_forward_region,
+        on_attention=tracker.attention_backends.append,
+    )
+
+    def region_start() -> None:
+        emulation.__enter__()
+
+    def region_end() -> None:
+        emulation.clear_cache()
+        emulation.__exit__(None, None, None)
+
+    tracker.on_region_start = region_start  # type: ignore[method-assign]
+    tracker.on_region_end = region_end  # type: ignore[method-assign]
+    optimizer = optimizer_for_trace(w.optimizer, trainable) if w.training else None
+    host_keys = host_state_keys(optimizer) if optimizer is not None else frozenset()
+    tracker.optimizer_host_scalars = "step" in host_keys
+
+    module_of = parameter_modules(model)
+    owner_of_module = tracker.owner_of_path
+
+    if optimizer is not None:
+        owners = {
+            id(p): (owner_of_module(module_of.get(id(p), "")), module_of.get(id(p), ""))
+            for p in params
+        }
+        optimizer.state = OwnerTrackingState(tracker, owners)  # type: ignore[assignment]
+
+    grad_owners = {id(p): owner_of_module(module_of.get(id(p), "")) for p in params}
+    with fake_mode, tracker:
+        for p in params:
+            mod = module_of.get(id(p), "")
+            tracker.register(p, Category.PARAMETERS, mod, owner_of_module(mod))
+        for n, b in model.named_buffers():
+            mod = n.rsplit(".", 1)[0] if "." in n else ""
+            tracker.register(b, Category.BUFFERS, mod, owner_of_module(mod))
+        if w.training:
+            for p in trainable:
+                p_owner = owner_of_module(module_of.get(id(p), ""))
+
+                def on_grad(q: torch.Tensor, _owner: int = p_owner) -> None:
+                    if q.grad is not None:
+                        tracker.mark(q.grad, Category.GRADIENTS, owner=_owner)
+
+                p.register_post_accumulate_grad_hook(on_grad)
+        scale = None
+        if w.training and w.precision == "fp16-mixed":
+            # GradScaler keeps its scale on the device (torch/amp/grad_scaler.py _lazy_init_*).
+            scale = torch.full((), 65536.0, dtype=torch.float32)
+            tracker.mark(scale, Category.OPTIMIZER_STATE)
+        try:
+            for step in range(w.steps):
+                with _unpacked_synthetic_inputs(spec):
+                    _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step,
+                              grad_owners)  # fmt: skip
+                if optimizer is not None:
+                    for state in optimizer.state.values():
+                        for key, v in state.items():
+                            if isinstance(v, torch.Tensor):
+                                tracker.mark(v, Category.OPTIMIZER_STATE, host=key in host_keys)
+        except (BadInputError, TraceError):
+            raise
+        except Exception as e:  # an op the fake tracer cannot run
+            raise _trace_error(e, tracker) from e
+        finally:
+            tracker.close()
+    gc.collect()
+    return Trace(
+        records=tracker.records,
+        events=tracker.events,
+        parameter_count=sum(p.numel() for p in params),
+        trainable_parameter_count=sum(p.numel() for p in trainable),
+        block_paths=blocks,
+        attention_backends=tracker.attention_backends,
+        flops=tracker.flops,
+        embedding_path=input_embedding_path(model),
+        embedding_tied_to=embedding_tied_to(model),
+        block_parameter_count=_block_params(model, blocks, trainable_only=False),
+        block_trainable_parameter_count=_block_params(model, blocks, trainable_only=True),
+        module_types={n: type(m).__name__ for n, m in model.named_modules()},
+    )
+
+
+def _block_params(model: torch.nn.Module, blocks: list[str], *, trainable_only: bool) -> int:
+    if len(blocks) < 2:
+        return 0
+    block = model.get_submodule(blocks[1])
+    return sum(p.numel() for p in block.parameters() if p.requires_grad or not trainable_only)
+
+
+@contextlib.contextmanager
+def _unpacked_synthetic_inputs(spec: ModelSpec) -> Iterator[None]:
+    """Tell transformers that memfit's synthetic batches hold no packed sequences.
+
+    With no attention mask, transformers looks at position_ids to detect packed sequences
+    (masking_utils.find_packed_sequence_indices); on fake tensors it cannot read the values, so
+    it assumes packing and builds an explicit (B, 1, S, S) mask, which rules out the flash
+    kernel. On a GPU, the same synthetic batch (one sequence per row, no padding) gives no mask
+    and `is_causal=True`. Only memfit's own batches are covered; a user's input factory is
+    traced as it is.
+    """
+    mu = sys.modules.get("transformers.masking_utils")
+    if spec.make_batch is not None or mu is None or not hasattr(mu, "find_packed_sequence_indices"):
+        yield
+        return
+    original = getattr(mu, "find_packed_sequence_indices")  # noqa: B009
+    setattr(mu, "find_packed_sequence_indices", lambda position_ids: None)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(mu, "find_packed_sequence_indices", original)  # noqa: B010
+
+
+#: Micro-batches traced per step. With gradient accumulation, micro-steps 3..k repeat micro-step
+#: 2 exactly (the same gradients are alive and accumulated in place), so tracing two gives the
+#: memory of any k >= 2; FLOPs are scaled to k (memfit.estimator.estimate.steady_flops).
+MAX_TRACED_MICRO_BATCHES = 2
+
+
+def traced_micro_batches(w: Workload) -> int:
+    """Micro-batches traced per step for `w` (see MAX_TRACED_MICRO_BATCHES)."""
+    return min(w.grad_accum, MAX_TRACED_MICRO_BATCHES) if w.training else 1
+
+
+def _register_inputs(tracker: Tracker, batch: Any) -> None:
+    """Count input tensors a user's make_batch made before the trace (e.g. at import time).
+
+    Tensors made during the trace are already tracked; a function scope keeps no reference
+    alive after it returns.
+    """
+    for t in pytree.tree_leaves(batch):
+        if isinstance(t, torch.Tensor):
+            tracker.register(t, Category.INPUTS)
+
+
+def _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step,
+              grad_owners) -> None:  # fmt: skip
+    for _micro in range(traced_micro_batches(w)):
+        tracker.set_phase("inputs", step)
+        batch = make_batch_for(spec, model, w, low if w.pure_low_precision else torch.float32)
+        _register_inputs(tracker, batch)
+        tracker.set_phase("forward", step)
+        if not w.training:
+            with torch.no_grad(), emulation:
+                out = call_model(model, batch)
+            emulation.clear_cache()
+            del out, batch
+            continue
+        with emulation:
+            out = call_model(model, batch)
+            loss = step_loss(spec, out, batch)
+            del out
+        emulation.clear_cache()
+        if w.grad_accum > 1:
+            loss = loss / w.grad_accum
+        tracker.set_phase("backward", step)
+        # Not under the emulation mode: Tensor.backward would be intercepted and run with the
+        # mode off. Checkpoint recomputation enters the mode itself (Tracker.block_region).
+        if scale is not None:
+            (loss * scale).backward()
+        else:
+            loss.backward()
+        del loss, batch
+    if not w.training:
+        return
+    tracker.set_phase("optimizer", step)
+    if w.gpus > 1:
+        # FSDP2 sets the reduce-scattered gradient shards itself, not through AccumulateGrad.
+        for p in model.parameters():
+            if p.grad is not None:
+                tracker.mark(p.grad, Category.GRADIENTS, owner=grad_owners.get(id(p), -1))
+    if optimizer is not None:
+        if scale is not None:
+            grads = [
+                p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None
+            ]
+            torch._foreach_mul_(grads, 1.0 / 65536.0)
+            del grads
+        optimizer.step()
+        tracker.set_phase("zero_grad", step)
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        tracker.set_phase("zero_grad", step)
+        for p in model.parameters():
+            p.grad = None
+
+
+def _trace_error(e: Exception, tracker: Tracker) -> TraceError:
+    module, _ = tracker.context()
+    op = tracker._op
+    hint = (
+        "The model's code could not run on fake tensors (a data-dependent shape such as "
+        "nonzero() or .item(), or a custom CUDA extension)."
+    )
+    detail = str(e)
+    if len(detail) > 600:  # DTensor sharding errors print every placement
+        detail = detail[:600] + " ..."
+    return TraceError(
+        f"Tracing failed at op {op!r} in module {module or '<top>'!r} during "
+        f"{tracker.phase}: {type(e).__name__}: {detail}\n{hint} Try --attention eager, pass an "
+        "input factory that avoids the data-dependent path, or estimate a model of the same "
+        "shape from the catalog."
+    )

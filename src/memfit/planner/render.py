@@ -1,0 +1,180 @@
+"""Renderers of `Plan` and `Limit`: terminal text and JSON for scripts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memfit.planner.limits import Limit
+from memfit.planner.search import Candidate, Plan
+from memfit.units import format_bytes
+
+
+def _describe(c: Candidate) -> str:
+    w = c.workload
+    head = [f"micro-batch {w.batch_size} x {w.grad_accum} accumulation", w.precision, w.optimizer]
+    return ", ".join(head + [t for t in w.techniques() if not t.startswith("grad-accum")])
+
+
+def apply_code(c: Candidate, model: str, gpu: str) -> str:
+    """The Python that applies this configuration to the user's model (memfit.apply_)."""
+    w = c.workload
+    fields = [f"batch_size={w.batch_size}", f"grad_accum={w.grad_accum}"]
+    if w.seq_len:
+        fields.append(f"seq_len={w.seq_len}")
+    fields += [f"precision={w.precision!r}", f"optimizer={w.optimizer!r}"]
+    if w.checkpointing != "off":
+        fields.append(f"checkpointing={w.checkpointing!r}")
+        if w.checkpoint_first is not None:
+            fields.append(f"checkpoint_first={w.checkpoint_first}")
+    if w.lora is not None:
+        fields.append(f"lora=memfit.LoraConfig(rank={w.lora.rank})")
+    for flag in ("offload_optimizer", "embedding_on_cpu", "tie_embeddings"):
+        if getattr(w, flag):
+            fields.append(f"{flag}=True")
+    head = ""
+    if w.gpus > 1:
+        fields.append(f"gpus={w.gpus}")
+        head = (
+            f"# launch: torchrun --nproc-per-node {w.gpus} train.py; in it, before apply_:\n"
+            "# torch.distributed.init_process_group(); torch.cuda.set_device(local_rank)\n"
+        )
+    head += f"import memfit\nworkload = memfit.Workload({', '.join(fields)})\n"
+    device = ', device="cuda"' if w.gpus > 1 else ""
+    return head + (
+        f"setup = memfit.apply_(model, workload{device})  # your nn.Module, changed in place\n"
+        "for batch in loader:\n"
+        "    loss = setup.step(batch)  # micro-batches, autocast, optimizer step; a float"
+    )
+
+
+def _candidate_json(c: Candidate) -> dict[str, Any]:
+    p = c.estimate.profile
+    return {
+        "micro_batch": c.workload.batch_size,
+        "grad_accum": c.workload.grad_accum,
+        "precision": c.workload.precision,
+        "optimizer": c.workload.optimizer,
+        "checkpointing": c.workload.checkpointing,
+        "checkpoint_first": c.workload.checkpoint_first,
+        "lora_rank": c.workload.lora.rank if c.workload.lora else None,
+        "offload_optimizer": c.workload.offload_optimizer,
+        "embedding_on_cpu": c.workload.embedding_on_cpu,
+        "tie_embeddings": c.workload.tie_embeddings,
+        "peak_allocated_bytes": p.peak_allocated_bytes,
+        "peak_reserved_bytes": p.peak_reserved_bytes,
+        "device_total_bytes": p.device_total_bytes,
+        "fits": c.fits,
+        "step_seconds": round(c.cost.seconds, 4),
+        "tokens_per_second": round(c.cost.tokens_per_second, 1),
+    }
+
+
+def plan_to_json(plan: Plan) -> dict[str, Any]:
+    return {
+        "model": plan.model,
+        "gpu": plan.gpu.name,
+        "goal": {
+            "global_batch": plan.goal.global_batch,
+            "seq_len": plan.goal.seq_len,
+            "precision": plan.goal.precision,
+            "optimizer": plan.goal.optimizer,
+        },
+        "fits": plan.best is not None,
+        "best": _candidate_json(plan.best) if plan.best else None,
+        "pareto": [_candidate_json(c) for c in plan.pareto],
+        "baseline": _candidate_json(plan.baseline) if plan.baseline else None,
+        "closest_miss": _candidate_json(plan.closest_miss) if plan.closest_miss else None,
+        "suggestions": plan.suggestions,
+        "evaluated": plan.evaluated,
+        "traces": plan.traces,
+        "seconds": round(plan.seconds, 2),
+        "note": "Step times are estimates from a roofline cost model; the ranking is the point.",
+    }
+
+
+def _top_categories(c: Candidate, n: int = 3) -> str:
+    b = c.estimate.profile.breakdown
+    top = sorted(((v, k) for k, v in b.items() if v), reverse=True)[:n]
+    return ", ".join(f"{k} {format_bytes(v)}" for v, k in top)
+
+
+def render_plan(plan: Plan) -> str:
+    g = plan.goal
+    lines = [
+        f"plan for {plan.model} on {plan.gpu.display_name} "
+        f"({format_bytes(plan.gpu.total_memory_bytes)}): global batch {g.global_batch}"
+        + (f" x {g.seq_len} tokens" if g.seq_len else ""),
+        "",
+    ]
+    if plan.best is None:
+        lines.append("NOTHING FITS with the allowed techniques.")
+        if plan.closest_miss is not None:
+            c = plan.closest_miss
+            lines.append(
+                f"closest: {_describe(c)}: {format_bytes(c.device_total_bytes)} on the device "
+                f"({_top_categories(c)})"
+            )
+        lines.append("what would make it fit:")
+        lines += [f"  - {s}" for s in plan.suggestions]
+    else:
+        b = plan.best
+        p = b.estimate.profile
+        lines += [
+            f"recommended: {_describe(b)}",
+            f"  device total {format_bytes(p.device_total_bytes)}, peak allocated "
+            f"{format_bytes(p.peak_allocated_bytes)}, "
+            f"reserved {format_bytes(p.peak_reserved_bytes)}",
+            f"  predicted step {b.cost.seconds:.2f} s, {b.cost.tokens_per_second:,.0f} tokens/s "
+            "(estimates: the ranking is the point)",
+            f"  at the peak ({p.peak_phase}): {_top_categories(b)}",
+        ]
+        if plan.other_optimizer is not None:
+            o = plan.other_optimizer
+            lines.append(
+                f"  kept {b.workload.optimizer}: {o.workload.optimizer} would predict "
+                f"{o.cost.seconds:.2f} s/step ({_describe(o)}), but it changes the training"
+            )
+        if plan.baseline is not None and not plan.baseline.fits:
+            base = plan.baseline
+            lines.append(
+                f"  without the plan ({_describe(base)}) the device would need "
+                f"{format_bytes(base.device_total_bytes)}: {_top_categories(base)}"
+            )
+        code = apply_code(b, plan.model, plan.gpu.name)
+        lines += ["", "to use it:", *("  " + x for x in code.splitlines())]
+        lines += ["", "alternatives (Pareto: less memory costs time):"]
+        lines.append(f"  {'device total':>14}  {'step s':>8}  configuration")
+        for c in plan.pareto:
+            lines.append(
+                f"  {format_bytes(c.device_total_bytes):>14}  {c.cost.seconds:8.2f}  {_describe(c)}"
+            )
+    lines.append("")
+    lines.append(
+        f"searched {plan.evaluated} configurations from {plan.traces} traces in "
+        f"{plan.seconds:.1f} s"
+    )
+    return "\n".join(lines)
+
+
+def limit_to_json(limit: Limit) -> dict[str, Any]:
+    return {
+        "model": limit.model,
+        "gpu": limit.gpu.name,
+        "what": limit.what,
+        "largest": limit.largest,
+        "curve": [{"value": v, "device_total_bytes": b, "fits": f} for v, b, f in limit.curve],
+        "seconds": round(limit.seconds, 2),
+    }
+
+
+def render_limit(limit: Limit) -> str:
+    name = "micro-batch" if limit.what == "batch_size" else "sequence length"
+    head = (
+        f"largest {name} of {limit.model} that fits {limit.gpu.display_name}: {limit.largest}"
+        if limit.largest
+        else f"no {name} of {limit.model} fits {limit.gpu.display_name}"
+    )
+    lines = [head, "", f"  {name:>16}  {'device total':>14}  fits"]
+    for v, b, f in limit.curve:
+        lines.append(f"  {v:>16}  {format_bytes(b):>14}  {'yes' if f else 'no'}")
+    return "\n".join(lines)

@@ -1,0 +1,562 @@
+"""`memfit.plan`: the fastest configuration that fits a GPU, searched with the estimator.
+
+The goal fixes what the user will not trade: the global batch (samples per optimizer step), the
+sequence length, and optionally the precision or the optimizer. The search tries the
+techniques allowed (TECHNIQUES; `allow` / `forbid` change the set), prices every configuration
+that fits with the step-time cost model (memfit.planner.cost), and returns the fastest. It returns a
+Pareto table of memory against predicted step time too.
+
+How the search stays fast:
+- Each *shape* (precision, optimizer, checkpointing, LoRA, tied embeddings) is traced once per
+  micro-batch size. Placement variants (optimizer state on the CPU, embedding on the CPU) only
+  change where storages live, so they are priced from the same trace.
+- For a shape, the micro-batch is found by binary search over the divisors of the global
+  batch (memory grows with the micro-batch).
+- A shape that does not fit at micro-batch 1 rules out every heavier shape: more precise
+  weights, a heavier optimizer, no checkpointing (see `_heavier`).
+- During the search the replay of repeated blocks is not re-verified on 4 blocks. The
+  recommended plan is estimated again through `memfit.estimate` itself, so its figures are
+  exactly what `memfit estimate` prints for that configuration.
+
+Not searched yet: sharding over several GPUs (FSDP/ZeRO) and a choice of which blocks to
+checkpoint (checkpointing is all repeated blocks or none). Asking for more than one GPU is an
+error that says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from memfit.cuda.target import get_gpu, list_gpus
+from memfit.errors import BadInputError, TraceError, closest
+from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
+from memfit.estimator.estimate import Estimate, estimate, estimate_from_trace, trace_spec
+from memfit.estimator.step_runner import Trace
+from memfit.models.sources import ModelSpec, resolve_model
+from memfit.planner.cost import StepCost, StepWork, step_cost
+from memfit.units import format_bytes
+from memfit.workload import LoraConfig, Workload
+
+#: Techniques the planner can use, by the name `allow` / `forbid` take.
+TECHNIQUES = {
+    "micro-batch": "split the global batch into micro-batches with gradient accumulation",
+    "mixed-precision": "fp16/bf16 autocast with fp32 weights",
+    "pure-precision": "16-bit weights, gradients and optimizer state (bf16-true)",
+    "checkpointing": "recompute each repeated block's activations in backward",
+    "8bit-optimizer": "AdamW with 8-bit states (bitsandbytes)",
+    "adafactor": "Adafactor's factored second moments",
+    "offload": "optimizer state and update on the CPU",
+    "cpu-embedding": "input embedding table on the CPU",
+    "tied-embeddings": "share the input embedding with the output projection (changes the model)",
+    "lora": "train LoRA adapters on a frozen base (changes what is trained)",
+}
+#: Techniques that change the model, what is trained, or its numerics (no fp32 master
+#: weights): used only when allowed explicitly.
+OPT_IN = frozenset({"tied-embeddings", "lora", "pure-precision"})
+#: LoRA rank the planner tries when LoRA is allowed.
+PLAN_LORA_RANK = 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class Goal:
+    """What the plan must keep: the global batch and sequence, and optionally more.
+
+    Attributes:
+        global_batch: samples per optimizer step (micro-batch x accumulation x GPUs).
+        seq_len: tokens per sample (text models).
+        image_size: image side (vision models).
+        precision: keep this precision (None: the planner may choose).
+        optimizer: keep this optimizer (None: the planner may choose).
+    """
+
+    global_batch: int
+    seq_len: int | None = None
+    image_size: int | None = None
+    precision: str | None = None
+    optimizer: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.global_batch <= 0:
+            raise BadInputError(
+                f"--global-batch must be a positive integer, got {self.global_batch}."
+            )
+        # Validate the fixed choices with Workload's own checks.
+        Workload(
+            seq_len=self.seq_len,
+            image_size=self.image_size,
+            precision=self.precision or "fp32",
+            optimizer=self.optimizer or "adamw",
+        )
+
+
+@dataclass(kw_only=True)
+class Candidate:
+    """One configuration the planner estimated."""
+
+    workload: Workload
+    estimate: Estimate
+    cost: StepCost
+
+    @property
+    def device_total_bytes(self) -> int:
+        return self.estimate.profile.device_total_bytes or 0
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.estimate.fits)
+
+
+@dataclass(kw_only=True)
+class Plan:
+    """The result of `plan`: the recommendation, the alternatives, and why."""
+
+    model: str
+    gpu: Any
+    goal: Goal
+    best: Candidate | None
+    pareto: list[Candidate]
+    baseline: Candidate | None
+    closest_miss: Candidate | None
+    suggestions: list[str] = field(default_factory=list)
+    #: A faster fitting configuration that changes the optimizer (not recommended for that).
+    other_optimizer: Candidate | None = None
+    evaluated: int = 0
+    traces: int = 0
+    seconds: float = 0.0
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class _Shape:
+    precision: str
+    optimizer: str
+    checkpointing: str
+    lora: bool
+    tied: bool
+
+
+_PRECISION_WEIGHT = {"bf16-true": 0, "fp16-true": 0, "bf16-mixed": 1, "fp16-mixed": 1, "fp32": 2}
+_OPTIMIZER_WEIGHT = {
+    "sgd": 0, "adamw-8bit": 1, "adafactor": 1, "lion": 1, "sgd-momentum": 1,
+    "adam": 2, "adamw": 2, "adamw-fused": 2, "none": 0,
+}  # fmt: skip
+
+
+def _optimizer_heavier(a: str, b: str) -> bool:
+    # A partial order: Adam(W) keeps two full moments, more than any lighter optimizer; the
+    # lighter ones (8-bit AdamW, Adafactor, ...) are not comparable with each other.
+    return a == b or _OPTIMIZER_WEIGHT[a] > _OPTIMIZER_WEIGHT[b]
+
+
+def _heavier(a: _Shape, b: _Shape) -> bool:
+    """True when shape `a` needs at least as much memory as `b` in every respect."""
+    return (
+        _PRECISION_WEIGHT[a.precision] >= _PRECISION_WEIGHT[b.precision]
+        and _optimizer_heavier(a.optimizer, b.optimizer)
+        and (a.checkpointing == "off" or b.checkpointing == "blocks")
+        and (not a.lora or b.lora)
+        and (a.tied <= b.tied)
+    )
+
+
+def _allowed(allow: tuple[str, ...], forbid: tuple[str, ...]) -> set[str]:
+    for name in (*allow, *forbid):
+        if name not in TECHNIQUES:
+            raise BadInputError(
+                f"Unknown technique {name!r}.{closest(name, list(TECHNIQUES))} "
+                f"Known: {', '.join(TECHNIQUES)}."
+            )
+    both = set(allow) & set(forbid)
+    if both:
+        raise BadInputError(
+            f"{', '.join(sorted(both))} is both allowed and forbidden; drop one of the flags."
+        )
+    return (set(TECHNIQUES) - OPT_IN - set(forbid)) | set(allow)
+
+
+def _shapes(goal: Goal, allowed: set[str], gpu: Any, spec: ModelSpec) -> list[_Shape]:
+    low = "bf16" if gpu.bf16 else "fp16"
+    if goal.precision:
+        precisions = [goal.precision]
+    else:
+        # fp32 needs more memory than mixed precision and runs slower, so it is searched only
+        # when mixed precision is not allowed.
+        precisions = [f"{low}-mixed"] if "mixed-precision" in allowed else ["fp32"]
+        if "pure-precision" in allowed and gpu.bf16:
+            precisions.append("bf16-true")
+    if goal.optimizer:
+        optimizers = [goal.optimizer]
+    else:
+        optimizers = ["adamw"]
+        if "8bit-optimizer" in allowed:
+            optimizers.append("adamw-8bit")
+        if "adafactor" in allowed:
+            optimizers.append("adafactor")
+    ckpt = ["off", "blocks"] if "checkpointing" in allowed and spec.num_layers else ["off"]
+    lora = [False, True] if "lora" in allowed else [False]
+    tied = [False, True] if "tied-embeddings" in allowed else [False]
+    out = [
+        _Shape(*combo)
+        for combo in itertools.product(precisions, optimizers, ckpt, lora, tied)
+        # LoRA's optimizer state is tiny: try only the goal's (or AdamW) optimizer with it.
+        if not combo[3] or combo[1] == (goal.optimizer or "adamw")
+    ]
+    if True in lora and not goal.precision and gpu.bf16 and "bf16-true" not in precisions:
+        # A frozen base needs no fp32 master weights: LoRA is usually trained on a 16-bit base.
+        for c, t in itertools.product(ckpt, tied):
+            out.append(_Shape("bf16-true", goal.optimizer or "adamw", c, True, t))
+    # Fastest first (16-bit compute, no recomputation), lightest next: a good plan found early
+    # bounds the rest, and a light shape that fails rules out the heavier ones.
+    return sorted(out, key=lambda s: (
+        s.precision == "fp32", s.checkpointing != "off",
+        _PRECISION_WEIGHT[s.precision] + _OPTIMIZER_WEIGHT[s.optimizer] - s.lora - s.tied,
+    ))  # fmt: skip
+
+
+def _placements(allowed: set[str]) -> list[tuple[bool, bool]]:
+    offload = [False, True] if "offload" in allowed else [False]
+    emb = [False, True] if "cpu-embedding" in allowed else [False]
+    return list(itertools.product(offload, emb))
+
+
+def work_of(est: Estimate) -> StepWork:
+    """The step's work for the cost model, from an estimate (per GPU)."""
+    w = est.workload
+    flops = est.flops
+    rec = est.records_summary
+    tokens = w.batch_size * (w.seq_len or 1)
+    return StepWork(
+        forward_flops=flops.get("forward", 0),
+        backward_flops=flops.get("backward", 0) + flops.get("recompute", 0),
+        recompute_flops=flops.get("recompute", 0),
+        optimizer_flops=flops.get("optimizer", 0),
+        micro_batches=w.grad_accum,
+        tokens_per_micro_batch=tokens,
+        compute_dtype=w.compute_dtype_name,
+        # The update reads and writes the trainable parameters, as large as their gradients
+        # (frozen weights, e.g. under LoRA, are not touched).
+        parameter_bytes=rec["gradients"],
+        gradient_bytes=rec["gradients"],
+        optimizer_state_bytes=rec["optimizer_state"],
+        offloaded_optimizer_bytes=rec["host_optimizer_state"] if w.offload_optimizer else 0,
+        offloaded_parameter_count=est.trainable_parameter_count if w.offload_optimizer else 0,
+        cpu_embedding_bytes_per_step=2 * rec["embedding_output"] * w.grad_accum
+        if w.embedding_on_cpu
+        else 0,
+        n_gpus=w.gpus,
+        # FSDP2 all-gathers each shard in every micro-batch's forward and backward and
+        # reduce-scatters the gradients once: each GPU receives (N - 1) shards each time.
+        sharded_bytes_per_step=(2 * w.grad_accum + 1) * rec["parameters"] * (w.gpus - 1),
+    )
+
+
+class _Search:
+    def __init__(self, spec: ModelSpec, goal: Goal, gpu: Any, n_gpus: int = 1) -> None:
+        self.spec = spec
+        self.goal = goal
+        self.gpu = gpu
+        self.n_gpus = n_gpus
+        self.per_gpu = goal.global_batch // n_gpus  # samples per GPU per step
+        self.traces: dict[tuple[_Shape, int], tuple[Trace, int, bool]] = {}
+        self.candidates: list[Candidate] = []
+        self.untraceable: dict[_Shape, str] = {}
+
+    def workload(self, shape: _Shape, mb: int, offload: bool, emb: bool) -> Workload:
+        return Workload(
+            batch_size=mb,
+            seq_len=self.goal.seq_len,
+            image_size=self.goal.image_size,
+            precision=shape.precision,
+            optimizer=shape.optimizer,
+            grad_accum=self.per_gpu // mb,
+            gpus=self.n_gpus,
+            checkpointing=shape.checkpointing,
+            lora=LoraConfig(rank=PLAN_LORA_RANK) if shape.lora else None,
+            tie_embeddings=shape.tied,
+            offload_optimizer=offload,
+            embedding_on_cpu=emb,
+            gpu=self.gpu.name,
+        )
+
+    def evaluate(self, shape: _Shape, mb: int, placements: list[tuple[bool, bool]]) -> list[
+        Candidate
+    ]:  # fmt: skip
+        key = (shape, mb)
+        base = self.workload(shape, mb, False, False)
+        if shape in self.untraceable:
+            return []
+        if key not in self.traces:
+            try:
+                self.traces[key] = trace_spec(
+                    self.spec, base, self.gpu.compute_capability, verify=False
+                )
+            except TraceError as e:
+                # This combination cannot run (e.g. Adafactor's factored state on FSDP2
+                # shards): it is not a candidate; the others still are.
+                self.untraceable[shape] = str(e).splitlines()[0]
+                return []
+        tr, n_blocks, replayed = self.traces[key]
+        out: list[Candidate] = []
+        # Placements only move memory to the CPU, at a cost: when everything on the GPU fits,
+        # they cannot be faster; when the lightest placement does not fit, none does.
+        usable = [(o, e) for o, e in placements if not (shape.tied and e)]
+        order = sorted(usable, key=lambda oe: (oe != (False, False), -(oe[0] + oe[1])))
+        for offload, emb in order:
+            if out and out[0].fits and (offload or emb):
+                break
+            if len(out) == 2 and not out[1].fits:
+                break
+            w = self.workload(shape, mb, offload, emb)
+            try:
+                est = estimate_from_trace(
+                    self.spec, w, tr, n_blocks=n_blocks, replayed=replayed, gpu=self.gpu
+                )
+            except BadInputError:
+                continue  # e.g. no input embedding to move to the CPU
+            cand = Candidate(workload=w, estimate=est, cost=step_cost(work_of(est), self.gpu,
+                                                                       tf32=False))  # fmt: skip
+            self.candidates.append(cand)
+            out.append(cand)
+        return out
+
+
+def plan(
+    model: Any,
+    *,
+    gpu: str,
+    goal: Goal,
+    n_gpus: int = 1,
+    allow: tuple[str, ...] = (),
+    forbid: tuple[str, ...] = (),
+    task: str | None = None,
+) -> Plan:
+    """The fastest configuration of `model` that reaches `goal` on `gpu`.
+
+    Example:
+        >>> p = memfit.plan("llama-2-7b", gpu="rtx-4090", goal=Goal(global_batch=32, seq_len=2048))
+        >>> p.best.workload, p.best.cost.seconds
+    """
+
+    t0 = time.perf_counter()
+    if n_gpus < 1 or goal.global_batch % n_gpus:
+        raise BadInputError(
+            f"The global batch ({goal.global_batch}) must split evenly over --gpus {n_gpus}: "
+            f"give a multiple of {n_gpus}."
+        )
+    gpu_obj = get_gpu(gpu)
+    allowed = _allowed(allow, forbid)
+    spec = resolve_model(model, task=task)
+    if goal.seq_len and spec.max_positions and goal.seq_len > spec.max_positions:
+        raise BadInputError(
+            f"Sequence length {goal.seq_len} is longer than {spec.name!r} supports "
+            f"({spec.max_positions} positions)."
+        )
+    search = _Search(spec, goal, gpu_obj, n_gpus)
+    # FSDP2 has its own CPU offload; memfit models neither placement with sharding.
+    placements = _placements(allowed) if n_gpus == 1 else [(False, False)]
+    per_gpu = search.per_gpu
+    micro = _divisors(per_gpu) if "micro-batch" in allowed else [per_gpu]
+    failed: list[_Shape] = []
+    best_seconds = float("inf")
+    shapes = _shapes(goal, allowed, gpu_obj, spec)
+    # Probe the lightest shapes at the smallest micro-batch first: a light shape that does not
+    # fit rules out every heavier one before any of them is traced.
+    lightest = [s for s in shapes if not any(_heavier(s, t) and s != t for t in shapes)]
+    for shape in lightest:
+        probe = search.evaluate(shape, micro[0], placements)
+        # An untraceable shape (no candidates) rules out nothing heavier.
+        if probe and not any(c.fits for c in probe):
+            failed.append(shape)
+    for shape in shapes:
+        if any(_heavier(shape, f) for f in failed):
+            continue
+        # The largest micro-batch first: if it fits, nothing of this shape is faster; if not,
+        # its cost bounds every smaller micro-batch from below (less efficient, more launches;
+        # placements only add transfers), so a shape that cannot win is not searched.
+        top = search.evaluate(shape, micro[-1], placements)
+        if any(c.fits for c in top):
+            best_seconds = min(best_seconds, *(c.cost.seconds for c in top if c.fits))
+            continue
+        if not top or min(c.cost.seconds for c in top) >= best_seconds:
+            continue
+        # Binary search for the largest micro-batch at which some placement fits.
+        lo, hi, best_i = 0, len(micro) - 2, -1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            cands = search.evaluate(shape, micro[mid], placements)
+            fit = [c.cost.seconds for c in cands if c.fits]
+            if fit:
+                best_i, lo = mid, mid + 1
+                best_seconds = min(best_seconds, *fit)
+            else:
+                hi = mid - 1
+        if best_i < 0 and micro[0] == 1 and shape not in search.untraceable:
+            failed.append(shape)
+    fitting = [c for c in search.candidates if c.fits]
+    best = min(fitting, key=lambda c: _preference(c, goal)) if fitting else None
+    if best is not None and best.workload.checkpointing == "blocks" and spec.num_layers:
+        best = _fewest_checkpointed(spec, best, gpu_obj, spec.num_layers)
+        fitting.append(best)
+    if best is not None:
+        best = _confirm(spec, best, gpu_obj, task)
+    baseline = _baseline(search, per_gpu, goal)
+    same_optimizer = [
+        c for c in fitting if best is None or _preference(c, goal)[0] == _preference(best, goal)[0]
+    ]
+    closest_miss = None
+    suggestions: list[str] = []
+    if best is None:
+        closest_miss = min(search.candidates, key=lambda c: c.device_total_bytes, default=None)
+        suggestions = _suggestions(spec, goal, gpu_obj, closest_miss)
+    return Plan(
+        model=spec.name,
+        gpu=gpu_obj,
+        goal=goal,
+        best=best,
+        pareto=pareto(same_optimizer),
+        other_optimizer=_faster_other_optimizer(fitting, best, goal),
+        baseline=baseline,
+        closest_miss=closest_miss,
+        suggestions=suggestions,
+        evaluated=len(search.candidates),
+        traces=len(search.traces),
+        seconds=time.perf_counter() - t0,
+    )
+
+
+#: The optimizer users start from when the goal names none.
+DEFAULT_OPTIMIZER = "adamw"
+
+
+def _preference(c: Candidate, goal: Goal) -> tuple[bool, float]:
+    """Another optimizer than the usual one (AdamW) changes the training, not only its memory
+    and speed, and the roofline's update times do not capture real optimizer kernels well: it
+    is recommended only when nothing with the usual optimizer fits. Then the fastest wins."""
+    usual = _algorithm(goal.optimizer or DEFAULT_OPTIMIZER)
+    return (_algorithm(c.workload.optimizer) != usual, c.cost.seconds)
+
+
+def _faster_other_optimizer(
+    fitting: list[Candidate], best: Candidate | None, goal: Goal
+) -> Candidate | None:
+    """The fastest fitting candidate with another optimizer, when it beats the recommendation
+    (shown beside it: the user may accept the change of training)."""
+    if best is None or _preference(best, goal)[0]:
+        return None
+    others = [c for c in fitting if _preference(c, goal)[0]]
+    fastest = min(others, key=lambda c: c.cost.seconds, default=None)
+    return fastest if fastest is not None and fastest.cost.seconds < best.cost.seconds else None
+
+
+def _algorithm(optimizer: str) -> str:
+    """The update rule: fused AdamW is AdamW with other kernels."""
+    return "adamw" if optimizer == "adamw-fused" else optimizer
+
+
+#: Refine "checkpoint every block" only when fewer blocks would save at least this fraction
+#: of the recomputation (each refinement step traces the whole model).
+MIN_RECOMPUTE_SAVING = 0.25
+#: Verification traces tried after the predicted block count.
+CHECKPOINT_TRIES = 3
+
+
+def _fewest_checkpointed(spec: ModelSpec, cand: Candidate, gpu: Any, n_blocks: int) -> Candidate:
+    """Checkpoint as few blocks as fit: the least recomputation under the budget.
+
+    The blocks are identical, so each costs the same to recompute; the least recompute is the
+    smallest k such that checkpointing the first k blocks (nearest the input: recomputed last,
+    when the later blocks' activations are already freed) still fits. Device memory falls
+    about linearly in k, so k is predicted from k = 0 and k = N (both replayed, cheap) and then
+    verified with a whole-model trace (blocks differ), stepping up until it fits.
+    """
+
+    def price(w: Workload) -> Candidate:
+        tr, n, rep = trace_spec(spec, w, gpu.compute_capability, verify=False)
+        est = estimate_from_trace(spec, w, tr, n_blocks=n, replayed=rep, gpu=gpu)
+        return Candidate(workload=w, estimate=est, cost=step_cost(work_of(est), gpu, tf32=False))
+
+    limit = int(gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION))
+    none = price(cand.workload.with_(checkpointing="off", checkpoint_first=None))
+    if none.fits:
+        return none if none.cost.seconds < cand.cost.seconds else cand
+    m0, m_all = none.device_total_bytes, cand.device_total_bytes
+    if m0 <= m_all:
+        return cand
+    k = max(1, math.ceil((m0 - limit) / ((m0 - m_all) / n_blocks)))
+    if k > (1 - MIN_RECOMPUTE_SAVING) * n_blocks:
+        return cand
+    for k_try in range(k, min(k + CHECKPOINT_TRIES, n_blocks)):
+        trial = price(cand.workload.with_(checkpoint_first=k_try))
+        if trial.fits:
+            return trial
+    return cand
+
+
+def _confirm(spec: ModelSpec, cand: Candidate, gpu: Any, task: str | None) -> Candidate:
+    """Estimate the recommendation through `memfit.estimate` (with the replay check)."""
+
+    est = estimate(spec, cand.workload, gpu=gpu.name, task=task)
+    return Candidate(workload=cand.workload, estimate=est,
+                     cost=step_cost(work_of(est), gpu, tf32=False))  # fmt: skip
+
+
+def _baseline(search: _Search, per_gpu: int, goal: Goal) -> Candidate | None:
+    """The plain configuration (whole batch at once, the goal's or AdamW optimizer, no
+    techniques), when the search estimated it: what dominated memory before the plan."""
+    for c in search.candidates:
+        w = c.workload
+        if (
+            w.batch_size == per_gpu
+            and w.optimizer == (goal.optimizer or "adamw")
+            and w.checkpointing == "off"
+            and not w.offload_optimizer
+            and not w.embedding_on_cpu
+            and w.lora is None
+            and not w.tie_embeddings
+        ):
+            return c
+    return None
+
+
+def pareto(cands: list[Candidate]) -> list[Candidate]:
+    """Candidates not beaten on both device memory and step time, fastest first."""
+    out: list[Candidate] = []
+    for c in sorted(cands, key=lambda c: (c.cost.seconds, c.device_total_bytes)):
+        if not out or c.device_total_bytes < out[-1].device_total_bytes:
+            out.append(c)
+    return out
+
+
+def _suggestions(spec: ModelSpec, goal: Goal, gpu: Any, miss: Candidate | None) -> list[str]:
+    out = []
+    if miss is not None:
+        need = miss.device_total_bytes
+        needs_bf16 = miss.workload.precision.startswith("bf16")
+        bigger = sorted(
+            (
+                g
+                for g in list_gpus()
+                if g.total_memory_bytes * 0.95 >= need and (g.bf16 or not needs_bf16)
+            ),
+            key=lambda g: g.total_memory_bytes,
+        )
+        if bigger:
+            out.append(
+                f"A GPU with at least {format_bytes(need)}: e.g. {bigger[0].name} "
+                f"({format_bytes(bigger[0].total_memory_bytes)})."
+            )
+        out.append(
+            f"The closest configuration needs {format_bytes(need)} on the device; "
+            f"{gpu.name} has {format_bytes(gpu.total_memory_bytes)}."
+        )
+    if goal.seq_len and goal.seq_len > 128:
+        out.append(f"A shorter sequence (`memfit max-seq {spec.name} --gpu {gpu.name}`).")
+    out.append("More GPUs with sharding (not modelled yet), or allow LoRA (--allow lora).")
+    return out

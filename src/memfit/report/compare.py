@@ -1,0 +1,104 @@
+"""Estimated against measured: the same JSON for both, and the differences per category.
+
+`memfit estimate ... --json` and `memfit profile ... --json` write the same keys (the DESIGN.md
+contract: peak_allocated_bytes, peak_reserved_bytes, device_total_bytes, breakdown, peak_phase,
+peak_op, peak_module, by_module). `compare` reads two such objects, whichever made them.
+
+Example:
+    $ memfit estimate gpt2 --batch 8 --seq 512 --json > est.json
+    $ memfit profile train.py --json > measured.json
+    $ memfit compare est.json measured.json
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memfit.errors import BadInputError
+from memfit.events import CATEGORIES
+from memfit.units import format_bytes
+
+TOTALS = ("peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes")
+#: The tracer's categories, then what only device memory has (the JSON contract's breakdown).
+CATEGORY_KEYS = (*CATEGORIES, "allocator_cache", "cuda_context")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One compared quantity; `diff` is b - a, `relative` is diff / a (None when a is 0)."""
+
+    name: str
+    a: int | None
+    b: int | None
+
+    @property
+    def diff(self) -> int | None:
+        return None if self.a is None or self.b is None else self.b - self.a
+
+    @property
+    def relative(self) -> float | None:
+        d = self.diff
+        return None if d is None or not self.a else d / self.a
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a_label: str
+    b_label: str
+    totals: list[Row]
+    categories: list[Row]
+    where: list[tuple[str, str, str]]  # (what, a, b): peak phase / op / module
+
+
+def load_report(path: str | Path) -> dict[str, Any]:
+    """Read a JSON report written by `memfit estimate --json` or `memfit profile --json`."""
+    p = Path(path)
+    if not p.is_file():
+        raise BadInputError(f"No such report: {str(p)!r}. Write one with --json > {p.name}.")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise BadInputError(
+            f"{str(p)!r} is not JSON ({e.msg} at line {e.lineno}). Give the output of "
+            "`memfit estimate --json` or `memfit profile --json`."
+        ) from e
+    if not isinstance(data, dict) or "peak_allocated_bytes" not in data:
+        raise BadInputError(f"{str(p)!r} has no 'peak_allocated_bytes': it is not a memfit report.")
+    return data
+
+
+def compare(a: dict[str, Any], b: dict[str, Any], *, labels: tuple[str, str] = ("a", "b")
+            ) -> Comparison:  # fmt: skip
+    """Totals and per-category bytes of two reports, side by side."""
+    ba, bb = a.get("breakdown") or {}, b.get("breakdown") or {}
+    return Comparison(
+        a_label=labels[0],
+        b_label=labels[1],
+        totals=[Row(k, a.get(k), b.get(k)) for k in TOTALS],
+        categories=[Row(k, ba.get(k), bb.get(k)) for k in CATEGORY_KEYS if ba.get(k) or bb.get(k)],
+        where=[
+            (k, str(a.get(f"peak_{k}")), str(b.get(f"peak_{k}"))) for k in ("phase", "op", "module")
+        ],
+    )
+
+
+def render_comparison(c: Comparison) -> str:
+    """Plain-text table of a Comparison (binary units)."""
+
+    def line(r: Row) -> str:
+        rel = f"{100 * r.relative:+7.1f} %" if r.relative is not None else "        -"
+        diff = r.diff
+        d = "-" if diff is None else ("+" if diff >= 0 else "-") + format_bytes(abs(diff))
+        return f"  {r.name:<22}{format_bytes(r.a):>14}{format_bytes(r.b):>14}{d:>16} {rel}"
+
+    head = f"  {'':<22}{c.a_label[:13]:>14}{c.b_label[:13]:>14}{'difference':>16}"
+    out = [head, *map(line, c.totals), "", "at the peak, by category:", head]
+    out += [line(r) for r in c.categories]
+    out.append("")
+    for what, x, y in c.where:
+        same = "same" if x == y else "differs"
+        out.append(f"  peak {what:<8} {x}  |  {y}  ({same})")
+    return "\n".join(out)

@@ -1,0 +1,86 @@
+"""The JSON contract (shared/DESIGN.md): one writer for a `MemoryProfile`, estimated or measured,
+and the estimate's document around it (`memfit estimate --json`, `memfit profile --json`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memfit.estimator.estimate import Estimate
+from memfit.profile import MemoryProfile
+from memfit.report.text import rule_of_thumb_bytes
+
+
+def profile_json(profile: MemoryProfile, **extra: Any) -> dict[str, Any]:
+    """A profile as the contract writes it; `extra` keys (a measurement's `source`, `device`)
+    come first.
+
+    Device-only categories join the breakdown when known: `allocator_cache` is reserved minus
+    allocated at the peak, `cuda_context` what nvidia-smi shows beyond the allocator (the CUDA
+    context and NCCL's communicators), which only an estimate models.
+    """
+    p = profile
+    breakdown: dict[str, int] = dict(p.breakdown)
+    if p.peak_reserved_bytes is not None:
+        breakdown["allocator_cache"] = p.peak_reserved_bytes - p.peak_allocated_bytes
+    if p.device_breakdown:
+        breakdown["cuda_context"] = p.device_breakdown.get(
+            "cuda_context", 0
+        ) + p.device_breakdown.get("nccl", 0)
+    return {
+        **extra,
+        "peak_allocated_bytes": p.peak_allocated_bytes,
+        "peak_reserved_bytes": p.peak_reserved_bytes,
+        "device_total_bytes": p.device_total_bytes,
+        "breakdown": breakdown,
+        "peak_phase": p.peak_phase,
+        "peak_step": p.peak_step,
+        "peak_op": p.peak_op,
+        "peak_module": p.peak_module,
+        "by_module": p.by_module,
+        "phases": [
+            {"step": ph.step, "phase": ph.phase, "peak_bytes": ph.peak_bytes} for ph in p.phases
+        ],
+        "top_tensors": p.top_tensors,
+    }
+
+
+def estimate_json(est: Estimate) -> dict[str, Any]:
+    """The stable JSON contract of `memfit estimate --json` (see shared/DESIGN.md)."""
+    w = est.workload
+    out = profile_json(est.profile)
+    # The contract always has these keys for an estimate (0 when no device was emulated).
+    out["breakdown"].setdefault("allocator_cache", 0)
+    out["breakdown"].setdefault("cuda_context", 0)
+    return {
+        **out,
+        "device_total_range_bytes": list(est.device_total_range)
+        if est.device_total_range
+        else None,
+        "fits": est.fits,
+        "gpu_capacity_bytes": est.gpu.total_memory_bytes if est.gpu is not None else None,
+        "oom": est.oom,
+        "rule_of_thumb_bytes": rule_of_thumb_bytes(est),
+        "workload": {
+            "model": est.model,
+            "parameter_count": est.parameter_count,
+            "trainable_parameter_count": est.trainable_parameter_count,
+            "batch_size": w.batch_size,
+            "seq_len": w.seq_len,
+            "image_size": w.image_size,
+            "mode": w.mode,
+            "precision": w.precision,
+            "optimizer": w.optimizer,
+            "grad_accum": w.grad_accum,
+            "checkpointing": w.checkpointing,
+            "attention": w.attention,
+            "attention_kernel": est.attention_backend,
+            "techniques": w.techniques(),
+            "gpu": est.gpu.name if est.gpu is not None else None,
+            "gpus": w.gpus,
+            "repeated_blocks": est.num_blocks,
+            "replayed": est.replayed,
+        },
+        "trace_seconds": round(est.trace_seconds, 3),
+        "notes": est.notes,
+    }

@@ -1,0 +1,70 @@
+"""What a `Workload` means in technique configs: `configs_from_workload` (what `apply_` applies
+for an estimate or a plan) and `prepare_model` (what the tracer does to the model before
+tracing: tie, freeze, LoRA, as `apply_` will).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memfit.errors import BadInputError
+from memfit.models.sources import ModelSpec
+from memfit.techniques.accumulation import AccumulationConfig
+from memfit.techniques.checkpointing import CheckpointConfig
+from memfit.techniques.embedding_on_cpu import EmbeddingOnCpuConfig
+from memfit.techniques.freeze import FreezeConfig, freeze
+from memfit.techniques.fsdp import FSDPConfig
+from memfit.techniques.lora import add_lora_for_trace
+from memfit.techniques.optimizer import DEFAULT_LR, OptimizerConfig
+from memfit.techniques.precision import PrecisionConfig
+from memfit.techniques.tie_embeddings import TieEmbeddingsConfig, tie_embeddings
+from memfit.workload import LoraConfig, Workload
+
+TechniqueConfig = (
+    CheckpointConfig
+    | PrecisionConfig
+    | AccumulationConfig
+    | OptimizerConfig
+    | FreezeConfig
+    | EmbeddingOnCpuConfig
+    | TieEmbeddingsConfig
+    | FSDPConfig
+    | LoraConfig
+)
+
+
+def configs_from_workload(w: Workload, *, lr: float = DEFAULT_LR) -> list[TechniqueConfig]:
+    """The technique configs that turn a model into the step `w` describes."""
+    if w.offload_optimizer and (not w.training or w.optimizer == "none"):
+        raise BadInputError("offload_optimizer needs a training workload with an optimizer.")
+    out: list[TechniqueConfig] = []
+    if w.freeze:
+        out.append(FreezeConfig(prefixes=w.freeze))
+    if w.tie_embeddings:
+        out.append(TieEmbeddingsConfig())
+    if w.lora is not None:
+        out.append(w.lora)
+    if w.precision != "fp32":
+        out.append(PrecisionConfig(precision=w.precision))
+    if w.embedding_on_cpu:
+        out.append(EmbeddingOnCpuConfig())
+    if w.checkpointing != "off":
+        out.append(CheckpointConfig(first=w.checkpoint_first))
+    if w.gpus > 1:
+        out.append(FSDPConfig())
+    if w.grad_accum > 1:
+        out.append(AccumulationConfig(steps=w.grad_accum))
+    if w.training and w.optimizer != "none":
+        out.append(OptimizerConfig(name=w.optimizer, lr=lr, offload=w.offload_optimizer))
+    return out
+
+
+def prepare_model(model: torch.nn.Module, w: Workload, spec: ModelSpec) -> torch.nn.Module:
+    """Freeze what the workload freezes and add LoRA adapters (through peft)."""
+    if w.tie_embeddings:  # first, as apply_ does: freezing a tied name freezes the matrix
+        tie_embeddings(model, spec.name)
+    if w.freeze:
+        freeze(model, w.freeze, spec.name)
+    if w.lora is not None:
+        model = add_lora_for_trace(model, w.lora, spec.name)
+    return model

@@ -1,0 +1,54 @@
+"""The handler registry of `memfit.apply_`: one handler per technique config type, registered
+beside its config (`@handler` in each technique's module), and what the handlers build.
+
+The torchao pattern (`quantize_(model, config)` dispatching on the config's type): a technique
+is one module holding its config, its apply handler and its trace-time preparation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
+
+from memfit.errors import BadInputError
+
+
+@dataclass
+class Build:
+    """What the handlers decide, turned into a TrainSetup at the end."""
+
+    model: torch.nn.Module
+    device: torch.device
+    precision: str = "fp32"
+    autocast_dtype: torch.dtype | None = None
+    scaler: Any = None
+    grad_accum: int = 1
+    optimizer: torch.optim.Optimizer | None = None
+    applied: list[str] = field(default_factory=list)
+
+
+_HANDLERS: dict[type, Callable[[Any, Build], None]] = {}
+
+C = TypeVar("C")
+
+
+def handler(fn: Callable[[C, Build], None]) -> Callable[[C, Build], None]:
+    """Register `fn` as the handler of the config type its first parameter is annotated with."""
+    import typing
+
+    config_type = next(iter(typing.get_type_hints(fn).values()))
+    if config_type in _HANDLERS:
+        raise AssertionError(f"Two handlers for {config_type.__name__}.")
+    _HANDLERS[config_type] = fn
+    return fn
+
+
+def apply_one(config: Any, build: Build) -> None:
+    """Run the handler registered for `config`'s type."""
+    fn = _HANDLERS.get(type(config))
+    if fn is None:
+        raise BadInputError(f"No handler for {type(config).__name__}.")
+    fn(config, build)

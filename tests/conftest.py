@@ -1,0 +1,66 @@
+"""Builders shared by the test suite: tiny models, model specs, measured GPT-2 runs.
+
+Test modules import them (`from tests.conftest import tiny_gpt2`): `tests` is a package, so
+this module is the one pytest loads as the suite's conftest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import memfit
+from memfit.models.sources import ModelSpec, resolve_model
+
+
+def tiny_gpt2(
+    n_layer: int = 2,
+    *,
+    n_embd: int = 32,
+    n_head: int = 2,
+    vocab: int = 100,
+    n_positions: int = 32,
+    dropout: float = 0.0,
+) -> torch.nn.Module:
+    """A seeded GPT-2 LM with eager attention (the kernel CPU and emulated CUDA share)."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab,
+        n_positions=n_positions, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    return transformers.GPT2LMHeadModel._from_config(cfg, attn_implementation="eager")
+
+
+def module_spec(model: torch.nn.Module, make_batch: Callable[[int], Any]) -> ModelSpec:
+    """The spec memfit resolves for an nn.Module, with a batch factory `make_batch(batch)`."""
+    return dataclasses.replace(resolve_model(model), make_batch=make_batch)
+
+
+# A 4-layer GPT-2 shape measured on real tensors under `apply_` and `memfit.measure`
+# (tests/techniques/test_apply_memory.py, tests/measurement/test_measure.py).
+MEASURED_VOCAB, MEASURED_SEQ, MEASURED_BATCH = 128, 64, 8
+MEASURED_BASE = memfit.Workload(
+    batch_size=MEASURED_BATCH, seq_len=MEASURED_SEQ, attention="eager", optimizer="adamw"
+)
+
+
+def measured_gpt2() -> torch.nn.Module:
+    return tiny_gpt2(4, n_embd=64, n_head=4, vocab=MEASURED_VOCAB, n_positions=MEASURED_SEQ)
+
+
+def run_measured(w: memfit.Workload) -> tuple[Any, torch.nn.Module]:
+    """Two steps of `w` applied to `measured_gpt2()` by apply_, under memfit.measure."""
+    model = measured_gpt2()
+    setup = memfit.apply_(model, w)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, MEASURED_VOCAB, (w.batch_size * w.grad_accum, MEASURED_SEQ), generator=g)
+    with memfit.measure(model, setup.optimizer) as m:
+        for _ in range(2):
+            setup.step({"input_ids": ids, "labels": ids.clone()})
+    return m, model

@@ -1,0 +1,383 @@
+"""Each CUDA emulation memfit applies on CPU, and the difference it makes.
+
+(a) foreach optimizers: CUDA's default implementation, with parameter-sized temporaries.
+(b) the CUDA autocast op policy, which is not CPU autocast's.
+(c) the autocast weight-cast cache.
+(d) the SDPA backend CUDA would pick, and the memory that choice decides.
+(e) which optimizer state CUDA keeps on the host (Adam's step counters).
+
+Expected byte counts are worked out by hand in comments.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import memfit.estimator.step_runner as trace_mod
+from memfit import Workload
+from memfit.cuda.allocator_config import cuda_block_size
+from memfit.estimator.attention import EFFICIENT, FLASH, MATH, AttentionCall, choose_backend
+from memfit.estimator.cuda_emulation import CudaEmulation
+from memfit.estimator.tracker import Tracker
+from memfit.events import ALLOC, FREE
+from memfit.profile import MemoryProfile
+from memfit.techniques.optimizer import host_state_keys, optimizer_for_trace
+from tests.conftest import module_spec
+
+# ---------------------------------------------------------------------------- helpers
+
+
+class Recorder:
+    """Fake tensors + memfit's Tracker (+ optionally the emulation), to count allocations."""
+
+    def __init__(self, emulation: CudaEmulation | None = None) -> None:
+        self.fake = FakeTensorMode()
+        self.tracker = Tracker(nn.Module())
+        self.emulation = emulation
+
+    def tensor(self, *shape: int, dtype=torch.float32, requires_grad=False, param=False):
+        with self.fake:
+            t = torch.empty(*shape, dtype=dtype)
+        if param:
+            return nn.Parameter(t)
+        return t.requires_grad_(requires_grad)
+
+    def __enter__(self) -> Recorder:
+        self.fake.__enter__()
+        self.tracker.__enter__()
+        if self.emulation is not None:
+            self.emulation.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.emulation is not None:
+            self.emulation.__exit__(*exc)
+        self.tracker.__exit__(*exc)
+        self.fake.__exit__(*exc)
+
+    def allocs(self, start: int = 0) -> list[tuple[str, int]]:
+        """(op, nbytes) of the allocations recorded since event index `start`."""
+        return [
+            (ev[4], self.tracker.records[ev[1]].nbytes)
+            for ev in self.tracker.events[start:]
+            if ev[0] == ALLOC
+        ]
+
+    def live_bytes(self, start: int = 0) -> int:
+        """Rounded bytes allocated since `start` and not yet freed."""
+        live: dict[int, int] = {}
+        for ev in self.tracker.events[start:]:
+            if ev[0] == ALLOC:
+                live[ev[1]] = cuda_block_size(self.tracker.records[ev[1]].nbytes)
+            elif ev[0] == FREE:
+                live.pop(ev[1], None)
+        return sum(live.values())
+
+
+# ------------------------------------------------------------- (a) foreach optimizers
+
+N_LAYERS = 16
+LAYER_BYTES = 32 * 32 * 4  # Linear(32, 32, bias=False): 1024 fp32 = 4096 B (8 blocks of 512)
+P = N_LAYERS * LAYER_BYTES  # 65536
+
+
+def _adam_peak(monkeypatch, foreach: bool) -> int:
+    model = nn.Sequential(*[nn.Linear(32, 32, bias=False) for _ in range(N_LAYERS)])
+    spec = module_spec(model, lambda b: torch.randn(b, 32))
+    monkeypatch.setattr(
+        trace_mod,
+        "optimizer_for_trace",
+        lambda name, params: torch.optim.AdamW(params, lr=1e-4, foreach=foreach),
+    )
+    tr = trace_mod.run_trace(spec, Workload(batch_size=4, optimizer="adamw"), (8, 0))
+    prof = MemoryProfile.from_events(tr.records, tr.events)
+    return next(x.peak_bytes for x in prof.phases if (x.step, x.phase) == (1, "optimizer"))
+
+
+def test_build_optimizer_asks_for_foreach_like_cuda() -> None:
+    params = [nn.Parameter(torch.zeros(2))]
+    for name in ("sgd", "sgd-momentum", "adam", "adamw", "adafactor"):
+        assert optimizer_for_trace(name, params).defaults["foreach"] is True, name
+    assert optimizer_for_trace("adamw-fused", params).defaults["fused"] is True
+
+
+def test_foreach_adamw_temporaries_vs_per_tensor(monkeypatch) -> None:
+    # Steady-state optimizer step (step 1). Live throughout: parameters P, gradients P,
+    # exp_avg P, exp_avg_sq P = 4 P. The batch was released after backward.
+    #
+    # foreach (_multi_tensor_adam): `_foreach_sqrt(exp_avg_sqs)` makes one temporary per
+    # parameter, all alive at once: + P.
+    foreach_peak = 4 * P + P
+    # per tensor (_single_tensor_adam), for each parameter in turn:
+    #     denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    # sqrt() and the division each allocate a tensor of the parameter's size, while the
+    # previous parameter's `denom` is still bound (rebinding happens after the right-hand side
+    # is evaluated): 3 * 4096 at most.
+    per_tensor_peak = 4 * P + 3 * LAYER_BYTES
+    assert _adam_peak(monkeypatch, foreach=True) == foreach_peak == 327680
+    assert _adam_peak(monkeypatch, foreach=False) == per_tensor_peak == 274432
+    # The difference is the parameter bytes less a few parameter-sized tensors.
+    assert foreach_peak - per_tensor_peak == P - 3 * LAYER_BYTES
+
+
+# ----------------------------------------------------------- (b) CUDA autocast policy
+
+
+def test_cuda_policy_layer_norm_fp32_linear_fp16() -> None:
+    rec = Recorder(CudaEmulation(dtype=torch.float16, capability=(8, 0)))
+    x16 = rec.tensor(4, 8, dtype=torch.float16)
+    x32 = rec.tensor(4, 8)
+    w = rec.tensor(16, 8)
+    with rec:
+        # AT_FORALL_FP32 (CUDA): layer_norm runs in fp32, whatever the input dtype.
+        assert F.layer_norm(x16, (8,)).dtype == torch.float32
+        # AT_FORALL_LOWER_PRECISION_FP: linear runs in fp16, even on fp32 inputs.
+        assert F.linear(x32, w).dtype == torch.float16
+        # Not in any list: elementwise ops keep their input dtype.
+        assert torch.relu(x16).dtype == torch.float16
+
+
+def test_cpu_autocast_policy_differs() -> None:
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    w = torch.randn(16, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        # CPU autocast casts linear too ...
+        assert F.linear(torch.randn(4, 8), w).dtype == torch.bfloat16
+        # ... but leaves layer_norm and softmax in 16 bits: CUDA would give fp32.
+        assert F.layer_norm(x, (8,)).dtype == torch.bfloat16
+        assert torch.softmax(x, -1).dtype == torch.bfloat16
+    with Recorder(CudaEmulation(dtype=torch.bfloat16, capability=(8, 0))) as rec:
+        xf = rec.tensor(4, 8, dtype=torch.bfloat16)
+        assert F.layer_norm(xf, (8,)).dtype == torch.float32
+        assert torch.softmax(xf, -1).dtype == torch.float32
+
+
+def test_cuda_autocast_does_nothing_to_cpu_tensors() -> None:
+    # Why the emulation exists: autocast("cuda") leaves CPU (and fake CPU) tensors alone.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.autocast("cuda", dtype=torch.float16):
+            assert F.linear(torch.randn(4, 8), torch.randn(16, 8)).dtype == torch.float32
+
+
+def test_fp16_softmax_to_fp32_without_input_copy() -> None:
+    # A (4, 8, 64) fp16 input: 2048 elements. Its fp32 softmax output: 2048 * 4 = 8192 B.
+    rec = Recorder(CudaEmulation(dtype=torch.float16, capability=(8, 0)))
+    x = rec.tensor(4, 8, 64, dtype=torch.float16)
+    with rec:
+        start = len(rec.tracker.events)
+        y = torch.softmax(x, -1)
+        # CUDA runs _softmax(half_to_float=True): one fp32 output, no fp32 copy of the input.
+        assert y.dtype == torch.float32
+        assert rec.allocs(start) == [("_softmax.default", 8192)]
+    # The generic `dtype=float32` path (CPU, or bf16 on CUDA) first copies the input to fp32.
+    rec2 = Recorder()
+    x2 = rec2.tensor(4, 8, 64, dtype=torch.float16)
+    with rec2:
+        y2 = torch.softmax(x2, -1, dtype=torch.float32)
+        assert y2.dtype == torch.float32
+        assert rec2.allocs() == [("_to_copy.default", 8192), ("_softmax.default", 8192)]
+    # ATen softmax special-cases only Half: a bf16 input is converted first, as memfit does.
+    rec3 = Recorder(CudaEmulation(dtype=torch.bfloat16, capability=(8, 0)))
+    x3 = rec3.tensor(4, 8, 64, dtype=torch.bfloat16)
+    with rec3:
+        torch.softmax(x3, -1)
+        assert rec3.allocs() == [("_to_copy.default", 8192), ("_softmax.default", 8192)]
+
+
+# --------------------------------------------------------------- (c) weight-cast cache
+
+
+def test_weight_cast_cache() -> None:
+    # W: 16 x 8 fp32 Parameter; its fp16 cast is 128 * 2 = 256 B. x is already fp16, so the
+    # only casts are of the weight.
+    emu = CudaEmulation(dtype=torch.float16, capability=(8, 0))
+    rec = Recorder(emu)
+    w = rec.tensor(16, 8, param=True)
+    x = rec.tensor(4, 8, dtype=torch.float16)
+    cast = ("_to_copy.default", 16 * 8 * 2)
+    with rec:
+        F.linear(x, w)
+        F.linear(x, w)
+        # A leaf fp32 parameter is cast once per autocast region (autocast_mode.cpp
+        # cached_cast), and the cast stays alive while the region lasts.
+        casts = [a for a in rec.allocs() if a[0] == "_to_copy.default"]
+        assert casts == [cast]
+        cast_sid = next(ev[1] for ev in rec.tracker.events if ev[4] == "_to_copy.default")
+        assert not any(ev[0] == FREE and ev[1] == cast_sid for ev in rec.tracker.events)
+
+        # A non-leaf (here w * 1) is not cached: cast at every use.
+        start = len(rec.tracker.events)
+        w2 = w * 1.0
+        F.linear(x, w2)
+        F.linear(x, w2)
+        casts = [a for a in rec.allocs(start) if a[0] == "_to_copy.default"]
+        assert casts == [cast, cast]
+
+        # End of the region: the cached cast is released, and the next use casts again.
+        emu.clear_cache()
+        assert any(ev[0] == FREE and ev[1] == cast_sid for ev in rec.tracker.events)
+        start = len(rec.tracker.events)
+        F.linear(x, w)
+        assert [a for a in rec.allocs(start) if a[0] == "_to_copy.default"] == [cast]
+
+
+# ------------------------------------------------------------------ (d) SDPA backends
+
+
+def call(dtype=torch.bfloat16, head=64, mask=False, value_head=None) -> AttentionCall:
+    return AttentionCall(
+        dtype=dtype,
+        head_dim=head,
+        value_head_dim=head if value_head is None else value_head,
+        has_mask=mask,
+        dropout_p=0.0,
+    )
+
+
+A100, T4, V100, P100, K80 = (8, 0), (7, 5), (7, 0), (6, 0), (3, 7)
+
+
+@pytest.mark.parametrize(
+    ("attention", "capability", "expected"),
+    [
+        # flash: 16-bit, sm80+, head dim <= 256, no explicit mask, equal q/k/v head dims.
+        (call(torch.bfloat16, 64), A100, FLASH),
+        (call(torch.float16, 128), (9, 0), FLASH),
+        (call(torch.float16, 256), A100, FLASH),
+        (call(torch.bfloat16, 64), None, FLASH),  # no GPU named: Ampere assumed
+        # fp32 never uses flash; efficient takes it (head dim multiple of 4).
+        (call(torch.float32, 64), A100, EFFICIENT),
+        # an explicit mask rules out flash, not efficient.
+        (call(torch.bfloat16, 64, mask=True), A100, EFFICIENT),
+        # head dim over 256: not flash; 264 % 8 == 0 -> efficient.
+        (call(torch.float16, 264), A100, EFFICIENT),
+        # different value head dim: not flash.
+        (call(torch.float16, 64, value_head=32), A100, EFFICIENT),
+        # pre-Ampere: no flash; efficient for fp16 with aligned head dims.
+        (call(torch.float16, 64), T4, EFFICIENT),
+        (call(torch.float16, 64), V100, EFFICIENT),
+        (call(torch.float32, 64), P100, EFFICIENT),
+        # T4, fp16, head dim 257: not a multiple of 8 -> math.
+        (call(torch.float16, 257), T4, MATH),
+        # 16-bit head dim not a multiple of 8 with a mask (no flash): math.
+        (call(torch.float16, 60, mask=True), A100, MATH),
+        # fp32 head dim not a multiple of 4: math.
+        (call(torch.float32, 62), A100, MATH),
+        # below sm50: math only.
+        (call(torch.float16, 64), K80, MATH),
+    ],
+)
+def test_choose_backend_rules(attention, capability, expected) -> None:
+    assert choose_backend(attention, capability) == expected
+
+
+# sdp_utils.cpp can_use_mem_efficient_attention allows bf16 only from sm80
+# (less_than_sm80_mem_efficient_dtypes = {Half, Float}): a T4/V100 runs bf16 through math.
+@pytest.mark.parametrize("capability", [T4, V100])
+def test_choose_backend_bf16_before_sm80_is_math(capability) -> None:
+    assert choose_backend(call(torch.bfloat16, 64), capability) == MATH
+
+
+def test_flash_head_dim_above_192_on_sm86_89_for_training() -> None:
+    # check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89: an RTX 3090 (8.6) or 4090
+    # (8.9) cannot train flash with head dim 200; an A100 (8.0) can; inference is unaffected.
+    train = AttentionCall(torch.bfloat16, 200, 200, False, 0.0, requires_grad=True)
+    infer = AttentionCall(torch.bfloat16, 200, 200, False, 0.0, requires_grad=False)
+    assert choose_backend(train, (8, 6)) == EFFICIENT
+    assert choose_backend(train, (8, 9)) == EFFICIENT
+    assert choose_backend(train, (8, 0)) == FLASH
+    assert choose_backend(infer, (8, 6)) == FLASH
+
+
+def test_sdpa_backend_decides_saved_memory() -> None:
+    # One causal-free SDPA call, fp16 q/k/v of shape (B, H, S, D) = (1, 2, 128, 36), needing
+    # grad. head dim 36: flash on an A100 (<= 256), math on a T4 (36 % 8 != 0 rules out the
+    # efficient kernel, and flash needs sm80). Bytes alive after the call (output + what is
+    # saved for backward), all multiples of 512:
+    B, H, S, D = 1, 2, 128, 36
+    qkv16 = B * H * S * D * 2  # 18432: one fp16 (B, H, S, D) tensor
+    qkv32 = B * H * S * D * 4  # 36864: the same in fp32
+    # flash: output (fp16) + logsumexp (B, H, S) fp32 + philox seed (16 B) and offset (8 B),
+    # one 512-B block each.
+    flash = qkv16 + B * H * S * 4 + 512 + 512
+    # math (ATen _scaled_dot_product_attention_math): 16-bit inputs are upcast to fp32 for
+    # accuracy; q and k are each scaled by sqrt(scale) (fp32 copies saved by the matmul),
+    # v's fp32 copy is saved by attn @ v, the softmax probabilities (B, H, S, S) fp32 are
+    # saved, and the output is cast back to fp16.
+    math_ = 3 * qkv32 + B * H * S * S * 4 + qkv16
+    assert flash == 20480 and math_ == 260096
+
+    saved = {}
+    for capability in (A100, T4):
+        backends: list[str] = []
+        emu = CudaEmulation(dtype=None, capability=capability, on_attention=backends.append)
+        rec = Recorder(emu)
+        q, k, v = (rec.tensor(B, H, S, D, dtype=torch.float16, requires_grad=True) for _ in "qkv")
+        with rec:
+            out = F.scaled_dot_product_attention(q, k, v)
+            assert out.shape == (B, H, S, D) and out.dtype == torch.float16
+            saved[backends[0]] = rec.live_bytes()
+    assert saved == {FLASH: flash, MATH: math_}
+    # The math kernel's attention matrix is what the flash kernel avoids.
+    assert saved[MATH] - saved[FLASH] == 239616
+
+
+# ------------------------------------------------------------- (e) host optimizer state
+
+
+def test_host_state_keys() -> None:
+    params = [nn.Parameter(torch.zeros(4))]
+    # Adam/AdamW/Adafactor keep `step` as a CPU scalar unless fused or capturable.
+    assert host_state_keys(torch.optim.AdamW(params, foreach=True)) == {"step"}
+    assert host_state_keys(torch.optim.Adam(params, foreach=False)) == {"step"}
+    assert host_state_keys(torch.optim.Adafactor(params, foreach=True)) == {"step"}
+    assert host_state_keys(torch.optim.AdamW(params, fused=True)) == frozenset()
+    assert host_state_keys(torch.optim.Adam(params, capturable=True)) == frozenset()
+    assert host_state_keys(optimizer_for_trace("adamw", params)) == {"step"}
+    assert host_state_keys(optimizer_for_trace("adamw-fused", params)) == frozenset()
+
+
+def _tiny_trace(optimizer: str):
+    model = nn.Sequential(nn.Linear(64, 32, bias=False), nn.ReLU(), nn.Linear(32, 16, bias=False))
+    spec = module_spec(model, lambda b: torch.randn(b, 64))
+    return trace_mod.run_trace(spec, Workload(batch_size=8, optimizer=optimizer), (8, 0))
+
+
+def test_step_counters_host_for_foreach_device_for_fused() -> None:
+    # Two parameters -> two step counters, fp32 scalars: 4 B each, 512 B on the device.
+    for optimizer, host in (("adamw", True), ("adamw-fused", False)):
+        tr = _tiny_trace(optimizer)
+        steps = [
+            r for r in tr.records.values() if r.category == "optimizer_state" and r.nbytes == 4
+        ]
+        assert len(steps) == 2
+        assert all(r.host is host for r in steps)
+        prof = MemoryProfile.from_events(tr.records, tr.events)
+        # Two moments of W1 (8192 B) and W2 (2048 B), plus the counters when on the device.
+        expected_state = 2 * (8192 + 2048) + (0 if host else 2 * 512)
+        end_of_backward = max(
+            i for i, key in enumerate(prof.timeline_phases) if key == (1, "backward")
+        )
+        # parameters + gradients (2 * 10240) + state, at the end of step 1's backward.
+        assert prof.timeline[end_of_backward] == 2 * 10240 + expected_state
+
+
+# foreach Adam increments CPU step counters with `torch.tensor(1.0, device="cpu")` (adam.py
+# _multi_tensor_adam): a host scalar on CUDA too, so no device memory.
+def test_foreach_adam_step_increment_is_host_memory() -> None:
+    tr = _tiny_trace("adamw")
+    # In the steady-state step, the only device allocations of the optimizer are the
+    # _foreach_sqrt temporaries (one per parameter).
+    ops = [
+        ev[4]
+        for ev in tr.events
+        if ev[0] == ALLOC and ev[2] == "optimizer" and ev[3] == 1 and not tr.records[ev[1]].host
+    ]
+    assert ops == ["_foreach_sqrt.default", "_foreach_sqrt.default"]

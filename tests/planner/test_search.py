@@ -1,0 +1,158 @@
+"""The planner: its numbers are the estimator's, it prefers the cheaper plan, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import memfit
+from memfit.cli.app import app
+from memfit.planner.limits import max_batch
+from memfit.planner.search import Goal, plan
+
+# (model, gpu, global batch, seq): small models, three GPUs, each plan fits.
+CASES = [
+    ("gpt2", "t4", 8, 512),
+    ("distilgpt2", "rtx-3060", 4, 512),
+    ("pythia-160m", "rtx-4060", 8, 256),
+    ("opt-125m", "t4", 4, 512),
+    ("qwen2.5-0.5b", "rtx-3060", 4, 256),
+]
+
+
+@pytest.mark.parametrize(("model", "gpu", "batch", "seq"), CASES)
+def test_plan_peak_equals_estimate(model, gpu, batch, seq):
+    # Adafactor is left out to keep the test fast: on GPT-2-style stacks its blocks do not
+    # replay and each candidate is traced whole (correct, slower).
+    p = plan(model, gpu=gpu, goal=Goal(global_batch=batch, seq_len=seq), forbid=("adafactor",))
+    assert p.best is not None
+    w = p.best.workload
+    assert w.batch_size * w.grad_accum == batch  # the global batch is kept
+    assert w.seq_len == seq
+    est = memfit.estimate(model, w, gpu=gpu)
+    assert est.profile.peak_allocated_bytes == p.best.estimate.profile.peak_allocated_bytes
+    assert est.profile.peak_reserved_bytes == p.best.estimate.profile.peak_reserved_bytes
+    assert est.profile.device_total_bytes == p.best.estimate.profile.device_total_bytes
+    assert est.fits is True
+    # The recommendation is the fastest fitting candidate that keeps AdamW (when one fits);
+    # the Pareto front is among those, and a faster other optimizer is shown beside it.
+    assert p.pareto
+    fastest = p.pareto[0].cost.seconds
+    if p.other_optimizer is not None:
+        assert p.best.workload.optimizer in ("adamw", "adamw-fused")
+        assert p.other_optimizer.cost.seconds < p.best.cost.seconds
+    assert fastest == pytest.approx(p.best.cost.seconds, rel=0.02)
+
+
+def test_prefers_no_checkpointing_when_that_fits():
+    # gpt2 at global batch 8 x 256 fits an A100 whole: recomputation would only cost time, so
+    # the plan neither checkpoints nor accumulates.
+    p = plan("gpt2", gpu="a100-80gb", goal=Goal(global_batch=8, seq_len=256))
+    assert p.best is not None
+    assert p.best.workload.checkpointing == "off"
+    assert p.best.workload.grad_accum == 1
+    # ... although checkpointing every block would fit too, and is predicted slower.
+    ckpt = memfit.estimate("gpt2", p.best.workload.with_(checkpointing="blocks"), gpu="a100-80gb")
+    assert ckpt.fits
+    assert ckpt.flops["recompute"] > 0
+
+
+def test_nothing_fits_exit_1_with_suggestions():
+    runner = CliRunner()
+    result = runner.invoke(
+        app,
+        [
+            "plan",
+            "llama-2-7b",
+            "--gpu",
+            "rtx-4060",
+            "--global-batch",
+            "8",
+            "--seq",
+            "1024",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    out = json.loads(result.output)
+    assert out["fits"] is False
+    assert out["closest_miss"]["device_total_bytes"] > 8 * 2**30
+    assert any("GPU with at least" in s for s in out["suggestions"])
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--global-batch", "0"], "--global-batch"),
+        (["--seq", "4096"], "1024"),
+        (["--allow", "lora", "--forbid", "lora"], "both allowed and forbidden"),
+        (["--allow", "lorra"], "lora"),
+        (["--gpus", "3"], "must split evenly over --gpus 3"),
+        (["--precision", "fp8"], "fp8"),
+    ],
+)
+def test_plan_bad_input_exit_2(args, needle):
+    result = CliRunner().invoke(app, ["plan", "gpt2", "--gpu", "t4", *args])
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+
+
+def test_max_batch_is_the_boundary():
+    w = memfit.Workload(seq_len=512, precision="fp16-mixed", optimizer="sgd")
+    limit = max_batch("gpt2", w, gpu="t4")
+    assert limit.largest is not None and limit.largest >= 1
+    fits = {v: f for v, _, f in limit.curve}
+    assert fits[limit.largest] is True
+    assert fits.get(limit.largest + 1) is False
+    # The estimate agrees at the boundary.
+    assert memfit.estimate("gpt2", w.with_(batch_size=limit.largest), gpu="t4").fits
+
+
+def test_checkpoints_as_few_blocks_as_fit():
+    # gpt2 (12 blocks), global batch 8 x 1024 in one micro-batch on an RTX 3060: checkpointing
+    # every block fits, but fewer blocks fit too; the plan checkpoints the fewest.
+    p = plan(
+        "gpt2", gpu="rtx-3060", goal=Goal(global_batch=8, seq_len=1024),
+        forbid=("micro-batch", "adafactor", "8bit-optimizer", "offload", "cpu-embedding"),
+    )  # fmt: skip
+    assert p.best is not None
+    w = p.best.workload
+    k = w.checkpoint_first
+    assert w.checkpointing == "blocks" and k is not None and 0 < k < 12
+    # Minimal: one block fewer does not fit.
+    assert not memfit.estimate("gpt2", w.with_(checkpoint_first=k - 1), gpu="rtx-3060").fits
+    # Every block also fits this budget, and recomputes more: 12 blocks against k.
+    every = memfit.estimate("gpt2", w.with_(checkpoint_first=None), gpu="rtx-3060")
+    assert every.fits
+    ours = p.best.estimate.flops["recompute"]
+    assert ours < every.flops["recompute"]
+    # Recompute FLOPs are per block: k of 12 blocks' worth.
+    assert ours * 12 == pytest.approx(every.flops["recompute"] * k, rel=1e-6)
+
+
+def test_optimizer_is_kept_when_it_fits():
+    """Switching AdamW for Adafactor saves optimizer time on paper but changes the training;
+    when AdamW fits, the plan keeps it."""
+    p = plan("gpt2", gpu="a100-80gb", goal=Goal(global_batch=4, seq_len=128))
+    assert p.best is not None and p.best.workload.optimizer in ("adamw", "adamw-fused")
+
+
+def test_plan_over_two_gpus_shards_with_fsdp():
+    """--gpus 2: the global batch is split over the ranks, the model sharded (FSDP2 traced over
+    a fake process group); the recommendation's estimate is that of one rank."""
+    p = plan("gpt2", gpu="t4", goal=Goal(global_batch=8, seq_len=256), n_gpus=2,
+             forbid=("adafactor",))  # fmt: skip
+    assert p.best is not None
+    w = p.best.workload
+    assert w.gpus == 2 and w.batch_size * w.grad_accum == 4
+    one = plan("gpt2", gpu="t4", goal=Goal(global_batch=4, seq_len=256), forbid=("adafactor",))
+    assert one.best is not None
+    # gpt2 in fp32: 124,439,808 parameters; each rank holds about half. (Bytes are allocator
+    # blocks: a shard whose segment's rest is 1 MiB or less gets the whole rest.)
+    shard = p.best.estimate.profile.breakdown["parameters"]
+    assert 0.49 < shard / one.best.estimate.profile.breakdown["parameters"] < 0.52
+    est = memfit.estimate("gpt2", w, gpu="t4")
+    assert est.profile.peak_allocated_bytes == p.best.estimate.profile.peak_allocated_bytes
+    assert "FSDP over 2 GPUs" in w.techniques()
