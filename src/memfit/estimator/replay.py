@@ -154,27 +154,84 @@ def expand(
         raise ValueError(f"cannot expand {TRACED_BLOCKS} traced blocks to {num_blocks}")
     if extra == 0:
         return records, events
-    own_of = _effective_owners(events, records)
-    runs = _runs(events, own_of)
-    by_owner: dict[int, list[tuple[int, int]]] = {1: [], 2: []}
-    for s, e, o in runs:
-        if o in by_owner:
-            by_owner[o].append((s, e))
-    if len(by_owner[1]) != len(by_owner[2]):
-        raise ReplayMismatch(
-            f"blocks 1 and 2 have different numbers of event runs "
-            f"({len(by_owner[1])}, {len(by_owner[2])})"
-        )
+    ex = _Expansion(records, events, num_blocks, block_paths)
+    out: list[Event] = []
+    for s, e, owner in ex.runs:
+        if owner == 1:
+            ex.replicate_block_run(s, e, out)
+        else:
+            ex.copy_outside_run(s, e, owner, out)
+    return ex.expanded_records(), out
 
-    def signature(s: int, e: int) -> list[tuple[int, int, str]]:
+
+class _Expansion:
+    """One expansion: T1 (the middle traced block) is copied `last + 1` times (copies c = 0
+    .. last; c = 0 is the traced T1), T0 stays block 0 and T2 becomes the last block."""
+
+    def __init__(
+        self,
+        records: dict[int, StorageRecord],
+        events: list[Event],
+        num_blocks: int,
+        block_paths: list[str],
+    ) -> None:
+        self.records, self.events, self.num_blocks = records, events, num_blocks
+        self.last = num_blocks - TRACED_BLOCKS
+        self.own_of = _effective_owners(events, records)
+        self.runs = _runs(events, self.own_of)
+        self.offset = max(records) + 1 if records else 1
+        first = block_paths[0]
+        self.prefix = first.rsplit(".", 1)[0] + "." if "." in first else ""
+        self.corr_prev: dict[int, int] = {}  # T0 sid -> the T1 sid in the same role
+        self.corr_next: dict[int, int] = {}  # T2 sid -> T1 sid
+        self.descending: dict[int, bool] = {}  # T1 run start -> runs in descending block order
+        self._pair_blocks()
+
+    def _pair_blocks(self) -> None:
+        """Match the runs of blocks 1 and 2 event by event, and pair their storages."""
+        by_owner: dict[int, list[tuple[int, int]]] = {1: [], 2: []}
+        for s, e, o in self.runs:
+            if o in by_owner:
+                by_owner[o].append((s, e))
+        if len(by_owner[1]) != len(by_owner[2]):
+            raise ReplayMismatch(
+                f"blocks 1 and 2 have different numbers of event runs "
+                f"({len(by_owner[1])}, {len(by_owner[2])})"
+            )
+        events, records = self.events, self.records
+        for (s1, e1), (s2, e2) in zip(by_owner[1], by_owner[2], strict=True):
+            if self._signature(s1, e1) != self._signature(s2, e2):
+                raise ReplayMismatch(f"block runs differ at event {s1} (op {events[s1].op})")
+            self.descending[s1] = s2 < s1
+            a1, a2 = (
+                [ev.sid for ev in events[s:e] if ev.kind == ALLOC and not records[ev.sid].host]
+                for s, e in ((s1, e1), (s2, e2))
+            )
+            self.corr_next.update(zip(a2, a1, strict=True))
+            # Block 1 frees block 0's storage where block 2 frees block 1's: that pairs them.
+            # Block 0 itself may differ from the others (its input may need no gradient, as
+            # with a frozen embedding), so it is not the pattern; it is kept as traced.
+            p1, p2 = (
+                [
+                    ev.sid
+                    for ev in events[s:e]
+                    if ev.kind == FREE
+                    and not records[ev.sid].host
+                    and records[ev.sid].owner == k - 1
+                ]
+                for s, e, k in ((s1, e1, 1), (s2, e2, 2))
+            )
+            self.corr_prev.update(zip(p1, p2, strict=True))
+
+    def _signature(self, s: int, e: int) -> list[tuple[int, int, str]]:
         # A block's signature: its allocations, the frees of its own storages, and the frees of
         # the previous block's storages (marked -2). Frees of the next block's storages differ
-        # at the end of the stack (the last block has none) and are remapped by relation below;
+        # at the end of the stack (the last block has none) and are remapped by relation;
         # frees of shared storages happen once, in whichever block uses them last.
-        own = own_of[s]
+        own = self.own_of[s]
         sig = []
-        for ev in events[s:e]:
-            rec = records[ev.sid]
+        for ev in self.events[s:e]:
+            rec = self.records[ev.sid]
             if rec.host:
                 continue
             if ev.kind == ALLOC or rec.owner == own:
@@ -183,103 +240,77 @@ def expand(
                 sig.append((-2, rec.nbytes, ev.op))
         return sig
 
-    corr_prev: dict[int, int] = {}  # T0 sid -> the T1 sid in the same role
-    corr_next: dict[int, int] = {}  # T2 sid -> T1 sid
-    descending: dict[int, bool] = {}  # T1 run start -> runs in descending block order
-    for (s1, e1), (s2, e2) in zip(by_owner[1], by_owner[2], strict=True):
-        if signature(s1, e1) != signature(s2, e2):
-            raise ReplayMismatch(f"block runs differ at event {s1} (op {events[s1][4]})")
-        descending[s1] = s2 < s1
-        a1, a2 = (
-            [ev.sid for ev in events[s:e] if ev.kind == ALLOC and not records[ev.sid].host]
-            for s, e in ((s1, e1), (s2, e2))
-        )
-        corr_next.update(zip(a2, a1, strict=True))
-        # Block 1 frees block 0's storage where block 2 frees block 1's: that pairs them. Block
-        # 0 itself may differ from the others (its input may need no gradient, as with a frozen
-        # embedding), so it is not the pattern; it is kept as traced.
-        p1, p2 = (
-            [
-                ev.sid
-                for ev in events[s:e]
-                if ev.kind == FREE and not records[ev.sid].host and records[ev.sid].owner == k - 1
-            ]
-            for s, e, k in ((s1, e1, 1), (s2, e2, 2))
-        )
-        corr_prev.update(zip(p1, p2, strict=True))
+    def copy_sid(self, sid: int, c: int) -> int:
+        return sid if c == 0 else sid + c * self.offset
 
-    offset = max(records) + 1 if records else 1
-    last = extra  # copies are c = 0..last; c = 0 is the traced T1
-
-    def copy_sid(sid: int, c: int) -> int:
-        return sid if c == 0 else sid + c * offset
-
-    def ref_from_copy(sid: int, c: int) -> int | None:
-        owner = records[sid].owner
+    def _ref_from_copy(self, sid: int, c: int) -> int | None:
+        owner = self.records[sid].owner
         if owner == 1:
-            return copy_sid(sid, c)
+            return self.copy_sid(sid, c)
         if owner == 0:
             # Copy c's previous block is copy c-1 (block 0 for the first copy).
-            return sid if c == 0 else copy_sid(_lookup(corr_prev, sid), c - 1)
+            return sid if c == 0 else self.copy_sid(_lookup(self.corr_prev, sid), c - 1)
         if owner == 2:
-            return sid if c == last else copy_sid(_lookup(corr_next, sid), c + 1)
+            return sid if c == self.last else self.copy_sid(_lookup(self.corr_next, sid), c + 1)
         return None  # not a block allocation
 
-    prefix = block_paths[0].rsplit(".", 1)[0] + "." if "." in block_paths[0] else ""
-
-    def rename(path: str, old: int, new: int) -> str:
-        head = f"{prefix}{old}"
+    def _rename(self, path: str, old: int, new: int) -> str:
+        head = f"{self.prefix}{old}"
         if path == head or path.startswith(head + "."):
-            return f"{prefix}{new}" + path[len(head) :]
+            return f"{self.prefix}{new}" + path[len(head) :]
         return path
 
-    out_records: dict[int, StorageRecord] = {}
-    for sid, rec in records.items():
-        if rec.owner == 1:
-            for c in range(last + 1):
-                out_records[copy_sid(sid, c)] = replace(
-                    rec, sid=copy_sid(sid, c), owner=1 + c, module=rename(rec.module, 1, 1 + c)
-                )
-        elif rec.owner == 2:
-            out_records[sid] = replace(
-                rec, owner=num_blocks - 1, module=rename(rec.module, 2, num_blocks - 1)
-            )
-        else:
-            out_records[sid] = rec
-
-    def fixed_owner(o: int, run_owner: int) -> int:
+    def _fixed_owner(self, o: int, run_owner: int) -> int:
         # Outside T1's runs: T0 stays block 0 and T2 becomes the last block; T1 is the copy
         # next to the run's block (the first copy beside T0, the last beside T2).
         if o == 2:
-            return num_blocks - 1
+            return self.num_blocks - 1
         if o == 1 and run_owner == 2:
-            return num_blocks - 2
+            return self.num_blocks - 2
         return o
 
-    out: list[Event] = []
-    for s, e, owner in runs:
-        if owner != 1:
-            released: list[Event] = []  # consecutive frees of T1 storages outside any block
+    def expanded_records(self) -> dict[int, StorageRecord]:
+        out: dict[int, StorageRecord] = {}
+        last, n = self.last, self.num_blocks
+        for sid, rec in self.records.items():
+            if rec.owner == 1:
+                for c in range(last + 1):
+                    new = self.copy_sid(sid, c)
+                    module = self._rename(rec.module, 1, 1 + c)
+                    out[new] = replace(rec, sid=new, owner=1 + c, module=module)
+            elif rec.owner == 2:
+                out[sid] = replace(rec, owner=n - 1, module=self._rename(rec.module, 2, n - 1))
+            else:
+                out[sid] = rec
+        return out
 
-            for ev in events[s:e]:
-                sid = ev.sid
-                module = rename(ev.module, 2, num_blocks - 1) if owner == 2 else ev.module
-                if records[sid].owner == 1 and owner not in (0, 2):
-                    if ev.kind != FREE:
-                        raise ReplayMismatch(f"a non-block event allocates block storage at {s}")
-                    released.append(ev)
-                    continue
-                _flush_released(released, out, last, copy_sid)
-                if records[sid].owner == 1:
-                    sid = copy_sid(sid, last if owner == 2 else 0)
-                out.append(ev._replace(sid=sid, module=module, owner=fixed_owner(ev.owner, owner)))
-            _flush_released(released, out, last, copy_sid)
-            continue
-        order = range(last, -1, -1) if descending[s] else range(last + 1)
+    def copy_outside_run(self, s: int, e: int, owner: int, out: list[Event]) -> None:
+        """A run of T0, T2 or outside any block: copied once, T2 renamed to the last block."""
+        released: list[Event] = []  # consecutive frees of T1 storages outside any block
+        records, n = self.records, self.num_blocks
+        for ev in self.events[s:e]:
+            sid = ev.sid
+            module = self._rename(ev.module, 2, n - 1) if owner == 2 else ev.module
+            if records[sid].owner == 1 and owner not in (0, 2):
+                if ev.kind != FREE:
+                    raise ReplayMismatch(f"a non-block event allocates block storage at {s}")
+                released.append(ev)
+                continue
+            _flush_released(released, out, self.last, self.copy_sid)
+            if records[sid].owner == 1:
+                sid = self.copy_sid(sid, self.last if owner == 2 else 0)
+            out.append(
+                ev._replace(sid=sid, module=module, owner=self._fixed_owner(ev.owner, owner))
+            )
+        _flush_released(released, out, self.last, self.copy_sid)
+
+    def replicate_block_run(self, s: int, e: int, out: list[Event]) -> None:
+        """A run of T1: once per copy, in the order the blocks ran (descending in backward)."""
+        order = range(self.last, -1, -1) if self.descending[s] else range(self.last + 1)
         last_in_time = order[-1]
         for c in order:
-            for ev in events[s:e]:
-                ref = ref_from_copy(ev.sid, c)
+            for ev in self.events[s:e]:
+                ref = self._ref_from_copy(ev.sid, c)
                 if ref is None:
                     if ev.kind == FREE and c != last_in_time:
                         continue
@@ -287,8 +318,9 @@ def expand(
                         raise ReplayMismatch(f"block run allocates a non-block storage at {s}")
                     ref = ev.sid
                 who = -1 if ev.owner < 0 else ev.owner + c  # T0, T1, T2 are blocks c, 1+c, 2+c
-                out.append(ev._replace(sid=ref, module=rename(ev.module, 1, 1 + c), owner=who))
-    return out_records, out
+                out.append(
+                    ev._replace(sid=ref, module=self._rename(ev.module, 1, 1 + c), owner=who)
+                )
 
 
 def _flush_released(

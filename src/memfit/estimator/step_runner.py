@@ -186,85 +186,27 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
 
 def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
                num_layers: int | None, mesh: Any) -> Trace:  # fmt: skip
-
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     low = DTYPES[w.compute_dtype_name]
-    if spec.owns_model:
-        with torch.device("meta"):
-            model = spec.build(num_layers, w.attention)
-    else:
-        model = spec.build(num_layers, w.attention)
-    model = prepare_model(model, w, spec)  # LoRA / freeze (on meta or user module)
-    model = materialize_fake(
-        model, fake_mode, low if w.pure_low_precision else torch.float32, not spec.owns_model
-    )
-    blocks = find_repeated_blocks(model)
-    if w.checkpointing == "blocks":
-        if not blocks:
-            raise BadInputError(
-                f"--checkpointing blocks needs a stack of repeated blocks, and {spec.name!r} has "
-                "none (no nn.ModuleList/nn.Sequential of identical modules)."
-            )
-        chosen = blocks if w.checkpoint_first is None else blocks[: w.checkpoint_first]
-        checkpoint_blocks(model, chosen)
-    if mesh is not None:
-        with fake_mode:
-            shard_model(model, FSDPConfig(), mesh=mesh)
-    model.train(w.training)
-    config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "use_cache"):
-        config.use_cache = False
-
+    model, blocks = _traced_model(spec, w, num_layers, fake_mode, low, mesh)
     params = list(dict.fromkeys(model.parameters()))
     trainable = [p for p in params if p.requires_grad]
     tracker = Tracker(model, blocks)
-    emulation = CudaEmulation(
-        dtype=low if w.mixed else None,
-        capability=capability,
-        enabled=tracker.in_forward_region,
-        on_attention=tracker.attention_backends.append,
-    )
-
-    def region_start() -> None:
-        emulation.__enter__()
-
-    def region_end() -> None:
-        emulation.clear_cache()
-        emulation.__exit__(None, None, None)
-
-    tracker.on_region_start = region_start  # type: ignore[method-assign]
-    tracker.on_region_end = region_end  # type: ignore[method-assign]
+    emulation = _emulate_cuda(tracker, w, low, capability)
     optimizer = optimizer_for_trace(w.optimizer, trainable) if w.training else None
     host_keys = host_state_keys(optimizer) if optimizer is not None else frozenset()
     tracker.optimizer_host_scalars = "step" in host_keys
-
     module_of = parameter_modules(model)
     owner_of_module = tracker.owner_of_path
-
     if optimizer is not None:
         owners = {
             id(p): (owner_of_module(module_of.get(id(p), "")), module_of.get(id(p), ""))
             for p in params
         }
         optimizer.state = OwnerTrackingState(tracker, owners)  # type: ignore[assignment]
-
     grad_owners = {id(p): owner_of_module(module_of.get(id(p), "")) for p in params}
     with fake_mode, tracker:
-        for p in params:
-            mod = module_of.get(id(p), "")
-            tracker.register(p, Category.PARAMETERS, mod, owner_of_module(mod))
-        for n, b in model.named_buffers():
-            mod = n.rsplit(".", 1)[0] if "." in n else ""
-            tracker.register(b, Category.BUFFERS, mod, owner_of_module(mod))
-        if w.training:
-            for p in trainable:
-                p_owner = owner_of_module(module_of.get(id(p), ""))
-
-                def on_grad(q: torch.Tensor, _owner: int = p_owner) -> None:
-                    if q.grad is not None:
-                        tracker.mark(q.grad, Category.GRADIENTS, owner=_owner)
-
-                p.register_post_accumulate_grad_hook(on_grad)
+        _register_model(tracker, model, params, trainable if w.training else [], module_of)
         scale = None
         if w.training and w.precision == "fp16-mixed":
             # GradScaler keeps its scale on the device (torch/amp/grad_scaler.py _lazy_init_*).
@@ -301,6 +243,92 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
         block_trainable_parameter_count=_block_params(model, blocks, trainable_only=True),
         module_types={n: type(m).__name__ for n, m in model.named_modules()},
     )
+
+
+def _traced_model(
+    spec: ModelSpec,
+    w: Workload,
+    num_layers: int | None,
+    fake_mode: FakeTensorMode,
+    low: torch.dtype,
+    mesh: Any,
+) -> tuple[torch.nn.Module, list[str]]:
+    """The model as the workload runs it, on fake tensors: built (on meta when memfit owns
+    it), LoRA / frozen / tied, cast, checkpointed, sharded; and its repeated blocks."""
+    if spec.owns_model:
+        with torch.device("meta"):
+            model = spec.build(num_layers, w.attention)
+    else:
+        model = spec.build(num_layers, w.attention)
+    model = prepare_model(model, w, spec)  # LoRA / freeze (on meta or user module)
+    model = materialize_fake(
+        model, fake_mode, low if w.pure_low_precision else torch.float32, not spec.owns_model
+    )
+    blocks = find_repeated_blocks(model)
+    if w.checkpointing == "blocks":
+        if not blocks:
+            raise BadInputError(
+                f"--checkpointing blocks needs a stack of repeated blocks, and {spec.name!r} has "
+                "none (no nn.ModuleList/nn.Sequential of identical modules)."
+            )
+        chosen = blocks if w.checkpoint_first is None else blocks[: w.checkpoint_first]
+        checkpoint_blocks(model, chosen)
+    if mesh is not None:
+        with fake_mode:
+            shard_model(model, FSDPConfig(), mesh=mesh)
+    model.train(w.training)
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "use_cache"):
+        config.use_cache = False
+    return model, blocks
+
+
+def _emulate_cuda(
+    tracker: Tracker, w: Workload, low: torch.dtype, capability: tuple[int, int] | None
+) -> CudaEmulation:
+    """The CUDA emulation, switched on in each forward region (and checkpoint recompute)."""
+    emulation = CudaEmulation(
+        dtype=low if w.mixed else None,
+        capability=capability,
+        enabled=tracker.in_forward_region,
+        on_attention=tracker.attention_backends.append,
+    )
+
+    def region_start() -> None:
+        emulation.__enter__()
+
+    def region_end() -> None:
+        emulation.clear_cache()
+        emulation.__exit__(None, None, None)
+
+    tracker.on_region_start = region_start  # type: ignore[method-assign]
+    tracker.on_region_end = region_end  # type: ignore[method-assign]
+    return emulation
+
+
+def _register_model(
+    tracker: Tracker,
+    model: torch.nn.Module,
+    params: list[torch.nn.Parameter],
+    trainable: list[torch.nn.Parameter],
+    module_of: dict[int, str],
+) -> None:
+    """Parameters and buffers, by module and block; gradients of `trainable` as they land."""
+    owner_of_module = tracker.owner_of_path
+    for p in params:
+        mod = module_of.get(id(p), "")
+        tracker.register(p, Category.PARAMETERS, mod, owner_of_module(mod))
+    for n, b in model.named_buffers():
+        mod = n.rsplit(".", 1)[0] if "." in n else ""
+        tracker.register(b, Category.BUFFERS, mod, owner_of_module(mod))
+    for p in trainable:
+        p_owner = owner_of_module(module_of.get(id(p), ""))
+
+        def on_grad(q: torch.Tensor, _owner: int = p_owner) -> None:
+            if q.grad is not None:
+                tracker.mark(q.grad, Category.GRADIENTS, owner=_owner)
+
+        p.register_post_accumulate_grad_hook(on_grad)
 
 
 def _block_params(model: torch.nn.Module, blocks: list[str], *, trainable_only: bool) -> int:

@@ -31,6 +31,7 @@ import torch
 
 from memfit.estimator.tracker import Tracker, parameter_modules
 from memfit.events import Category
+from memfit.measurement.phases import PhaseHooks
 from memfit.models.structure import find_repeated_blocks
 from memfit.profile import MemoryProfile
 from memfit.simulation.oom_live import explain_live
@@ -133,115 +134,16 @@ def measure(
 
 @contextlib.contextmanager
 def _measuring(m: Measurement) -> Iterator[Measurement]:
-    model, optimizer = m._model, m._optimizer
-
+    model = m._model
     root = model if model is not None else torch.nn.Module()
-    blocks = find_repeated_blocks(root) if model is not None else []
-    tracker = _LiveTracker(root, blocks)
-    known: set[int] = {id(model)} if model is not None else set()
-    depth = [0]
-    # A script's device is known only once it has run; the statistics are read if CUDA works.
-    cuda_ready = torch.cuda.is_available() and (
-        m.device.startswith("cuda") or (model is None and torch.cuda.is_initialized())
-    )
-    if cuda_ready:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    if m._record_history and torch.cuda.is_available():
-        torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES)
-    stepped = [False]
-    opt_depth = [0]  # an optimizer stepping another (CpuOffloadOptimizer) is one step
-
-    def on_forward(mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if torch._C._current_autograd_node() is not None:
-            return  # a checkpointed forward recomputed in backward
-        if tracker.phase == "forward" and not stepped[0]:
-            return  # an inner call, or a second forward before backward
-        # After an optimizer step: a new step. After a backward: the next micro-batch.
-        if stepped[0]:
-            tracker.step += 1
-            stepped[0] = False
-        for t in _tensors((args, kwargs)):
-            if tracker.sid_of(t) is None:
-                tracker.register(t, Category.INPUTS)
-            else:
-                tracker.mark(t, Category.INPUTS)
-        tracker.set_phase("forward")
-
-    def on_step_pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        opt_depth[0] += 1
-        if opt_depth[0] == 1:
-            tracker.set_phase("optimizer")
-        # Gradients set without AccumulateGrad (FSDP2's reduce-scattered shards) are found
-        # here, where the optimizer reads them.
-        for group in opt.param_groups:
-            for p in group["params"]:
-                if isinstance(p, torch.Tensor) and p.grad is not None:
-                    tracker.mark(p.grad, Category.GRADIENTS)
-
-    def on_step_post(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        opt_depth[0] -= 1
-        for state in opt.state.values():
-            for v in state.values():
-                if isinstance(v, torch.Tensor):
-                    tracker.mark(v, Category.OPTIMIZER_STATE)
-        if opt_depth[0] == 0:
-            tracker.set_phase("zero_grad")
-            stepped[0] = True
-            m.steps += 1
-
-    from torch.optim.optimizer import (
-        register_optimizer_step_post_hook,
-        register_optimizer_step_pre_hook,
-    )
-
-    m._hooks = [
-        register_optimizer_step_pre_hook(on_step_pre),
-        register_optimizer_step_post_hook(on_step_post),
-    ]
-    if model is not None:
-        m._hooks.append(model.register_forward_pre_hook(on_forward, with_kwargs=True))
-    else:
-        # No model named (a script): the outermost module called is the model. Its
-        # parameters are counted from its first call, its modules named by their paths in it.
-        from torch.nn.modules.module import (
-            register_module_forward_hook,
-            register_module_forward_pre_hook,
-        )
-
-        def outer_pre(mod: torch.nn.Module, args: tuple[Any, ...]) -> None:
-            depth[0] += 1
-            if depth[0] != 1 or torch._C._current_autograd_node() is not None:
-                return  # inside a model, or a checkpointed block recomputed in backward
-            if id(mod) not in known and id(mod) not in tracker.named_modules():
-                # Later calls go through a hook that also sees keyword arguments (the global
-                # hook does not). For this first call, what was made since the last step and
-                # is still alive is taken as its inputs (data loading).
-                known.add(id(mod))
-                tracker.add_model(mod, find_repeated_blocks(mod))
-                m._hooks.extend(_register_model(tracker, mod))
-                for sid in tracker.live_sids():
-                    rec = tracker.records[sid]
-                    if rec.category == "temporaries" and rec.phase in ("setup", "zero_grad"):
-                        rec.category = Category.INPUTS
-                m._hooks.append(mod.register_forward_pre_hook(on_forward, with_kwargs=True))
-                on_forward(mod, args, {})
-
-        def outer_post(mod: torch.nn.Module, args: Any, out: Any) -> None:
-            depth[0] -= 1
-
-        m._hooks.append(register_module_forward_pre_hook(outer_pre))
-        m._hooks.append(register_module_forward_hook(outer_post, always_call=True))
+    tracker = _LiveTracker(root, find_repeated_blocks(root) if model is not None else [])
+    _reset_cuda_statistics(m)
+    phases = PhaseHooks(m, tracker, model, on_new_model=_register_model)
+    m._hooks = phases.install()
     try:
         with tracker:
             tracker.set_phase("setup", 0)
-            if model is not None:
-                m._hooks += _register_model(tracker, model)
-            if optimizer is not None:
-                for state in optimizer.state.values():
-                    for v in state.values():
-                        if isinstance(v, torch.Tensor):
-                            tracker.register(v, Category.OPTIMIZER_STATE)
+            _register_start(m, tracker)
             try:
                 yield m
             except torch.OutOfMemoryError as e:
@@ -257,23 +159,51 @@ def _measuring(m: Measurement) -> Iterator[Measurement]:
         for h in m._hooks:
             h.remove()
         m._hooks = []
-        if model is None and "cuda" in tracker.device_types.values():
-            m.device = f"cuda:{torch.cuda.current_device()}"
-        cuda = m.device.startswith("cuda")
-        tracker.keep_only("cuda" if cuda else "cpu")
-        m.profile = MemoryProfile.from_events(tracker.records, tracker.events)
-        if m._record_history and torch.cuda.is_available():
-            if cuda:
-                m.cuda_snapshot = torch.cuda.memory._snapshot()
-            torch.cuda.memory._record_memory_history(enabled=None)
+        _collect(m, tracker)
+
+
+def _reset_cuda_statistics(m: Measurement) -> None:
+    # A script's device is known only once it has run; the statistics are read if CUDA works.
+    cuda_ready = torch.cuda.is_available() and (
+        m.device.startswith("cuda") or (m._model is None and torch.cuda.is_initialized())
+    )
+    if cuda_ready:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    if m._record_history and torch.cuda.is_available():
+        torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES)
+
+
+def _register_start(m: Measurement, tracker: Tracker) -> None:
+    """What exists when the block starts: the model's tensors, the optimizer's state."""
+    if m._model is not None:
+        m._hooks += _register_model(tracker, m._model)
+    if m._optimizer is not None:
+        for state in m._optimizer.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    tracker.register(v, Category.OPTIMIZER_STATE)
+
+
+def _collect(m: Measurement, tracker: _LiveTracker) -> None:
+    """The profile of what ran, and on CUDA the allocator's own statistics."""
+    if m._model is None and "cuda" in tracker.device_types.values():
+        m.device = f"cuda:{torch.cuda.current_device()}"
+    cuda = m.device.startswith("cuda")
+    tracker.keep_only("cuda" if cuda else "cpu")
+    m.profile = MemoryProfile.from_events(tracker.records, tracker.events)
+    if m._record_history and torch.cuda.is_available():
         if cuda:
-            torch.cuda.synchronize()
-            m.cuda_max_allocated = torch.cuda.max_memory_allocated()
-            m.cuda_max_reserved = torch.cuda.max_memory_reserved()
-            free, total = torch.cuda.mem_get_info()
-            m.cuda_device_used = total - free
-            m.profile.peak_reserved_bytes = m.cuda_max_reserved
-            m.profile.device_total_bytes = m.cuda_device_used
+            m.cuda_snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+    if cuda:
+        torch.cuda.synchronize()
+        m.cuda_max_allocated = torch.cuda.max_memory_allocated()
+        m.cuda_max_reserved = torch.cuda.max_memory_reserved()
+        free, total = torch.cuda.mem_get_info()
+        m.cuda_device_used = total - free
+        m.profile.peak_reserved_bytes = m.cuda_max_reserved
+        m.profile.device_total_bytes = m.cuda_device_used
 
 
 def _register_model(tracker: Tracker, model: torch.nn.Module) -> list[Any]:
@@ -305,12 +235,6 @@ def _register_model(tracker: Tracker, model: torch.nn.Module) -> list[Any]:
         else:
             tracker.mark(b, Category.BUFFERS)
     return handles
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    from torch.utils import _pytree as pytree
-
-    return [t for t in pytree.tree_leaves(obj) if isinstance(t, torch.Tensor)]
 
 
 def _device_of(model: torch.nn.Module | None) -> str:

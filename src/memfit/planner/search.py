@@ -327,38 +327,12 @@ class _Search:
         return out
 
 
-def plan(
-    model: Any,
-    *,
-    gpu: str,
-    goal: Goal,
-    n_gpus: int = 1,
-    allow: tuple[str, ...] = (),
-    forbid: tuple[str, ...] = (),
-    task: str | None = None,
-) -> Plan:
-    """The fastest configuration of `model` that reaches `goal` on `gpu`.
-
-    Example:
-        >>> p = memfit.plan("llama-2-7b", gpu="rtx-4090", goal=Goal(global_batch=32, seq_len=2048))
-        >>> p.best.workload, p.best.cost.seconds
-    """
-
-    t0 = time.perf_counter()
-    if n_gpus < 1 or goal.global_batch % n_gpus:
-        raise BadInputError(
-            f"The global batch ({goal.global_batch}) must split evenly over --gpus {n_gpus}: "
-            f"give a multiple of {n_gpus}."
-        )
-    gpu_obj = get_gpu(gpu)
-    allowed = _allowed(allow, forbid)
-    spec = resolve_model(model, task=task)
-    if goal.seq_len and spec.max_positions and goal.seq_len > spec.max_positions:
-        raise BadInputError(
-            f"Sequence length {goal.seq_len} is longer than {spec.name!r} supports "
-            f"({spec.max_positions} positions)."
-        )
-    search = _Search(spec, goal, gpu_obj, n_gpus)
+def _explore(
+    search: _Search, spec: ModelSpec, goal: Goal, gpu_obj: Any, allowed: set[str], n_gpus: int
+) -> None:
+    """Evaluate the shapes and micro-batches that can win, pruning what cannot: a light shape
+    that does not fit rules out every heavier one, and a shape whose largest micro-batch is
+    already slower than the best fit is not searched further."""
     # FSDP2 has its own CPU offload; memfit models neither placement with sharding.
     placements = _placements(allowed) if n_gpus == 1 else [(False, False)]
     per_gpu = search.per_gpu
@@ -399,6 +373,41 @@ def plan(
                 hi = mid - 1
         if best_i < 0 and micro[0] == 1 and shape not in search.untraceable:
             failed.append(shape)
+
+
+def plan(
+    model: Any,
+    *,
+    gpu: str,
+    goal: Goal,
+    n_gpus: int = 1,
+    allow: tuple[str, ...] = (),
+    forbid: tuple[str, ...] = (),
+    task: str | None = None,
+) -> Plan:
+    """The fastest configuration of `model` that reaches `goal` on `gpu`.
+
+    Example:
+        >>> p = memfit.plan("llama-2-7b", gpu="rtx-4090", goal=Goal(global_batch=32, seq_len=2048))
+        >>> p.best.workload, p.best.cost.seconds
+    """
+
+    t0 = time.perf_counter()
+    if n_gpus < 1 or goal.global_batch % n_gpus:
+        raise BadInputError(
+            f"The global batch ({goal.global_batch}) must split evenly over --gpus {n_gpus}: "
+            f"give a multiple of {n_gpus}."
+        )
+    gpu_obj = get_gpu(gpu)
+    allowed = _allowed(allow, forbid)
+    spec = resolve_model(model, task=task)
+    if goal.seq_len and spec.max_positions and goal.seq_len > spec.max_positions:
+        raise BadInputError(
+            f"Sequence length {goal.seq_len} is longer than {spec.name!r} supports "
+            f"({spec.max_positions} positions)."
+        )
+    search = _Search(spec, goal, gpu_obj, n_gpus)
+    _explore(search, spec, goal, gpu_obj, allowed, n_gpus)
     fitting = [c for c in search.candidates if c.fits]
     best = min(fitting, key=lambda c: _preference(c, goal)) if fitting else None
     if best is not None and best.workload.checkpointing == "blocks" and spec.num_layers:
@@ -406,7 +415,7 @@ def plan(
         fitting.append(best)
     if best is not None:
         best = _confirm(spec, best, gpu_obj, task)
-    baseline = _baseline(search, per_gpu, goal)
+    baseline = _baseline(search, search.per_gpu, goal)
     same_optimizer = [
         c for c in fitting if best is None or _preference(c, goal)[0] == _preference(best, goal)[0]
     ]
