@@ -13,7 +13,6 @@ def test_import_is_lean():
         "assert not heavy, heavy\n"
         "assert not torch.cuda.is_initialized()\n"
         "assert callable(memfit.estimate)\n"
-        "assert 'transformers' not in sys.modules or True\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -12,7 +12,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from memfit.errors import BadInputError, closest
@@ -109,7 +109,6 @@ class Workload:
     tie_embeddings: bool = False
     gpus: int = 1
     steps: int = 2
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         _positive("batch_size", self.batch_size, "--batch")

@@ -59,10 +59,6 @@ FLASH_ATTENTION_MAX_CC = (12, 1)
 BF16_MIN_CC = (8, 0)
 
 
-def _flash_supported(cc: tuple[int, int]) -> bool:
-    return FLASH_ATTENTION_MIN_CC <= cc <= FLASH_ATTENTION_MAX_CC
-
-
 @dataclass(frozen=True, kw_only=True)
 class GPU:
     """One GPU model, as PyTorch on Linux sees it. All rates are peaks, not sustained."""
