@@ -16,7 +16,11 @@ from typing import Annotated
 
 import typer
 
-#: Exit status when the doctor found something or the script failed (0 and 2 are memfit.cli.app's).
+from memfit.cli._exit import EXIT_OK, fail
+from memfit.errors import MemfitError
+from memfit.measurement.script_runner import EXIT_INTERRUPTED, ScriptFailed, run_script
+
+#: Exit status when the doctor found something or the script failed (0 and 2: memfit.cli._exit).
 EXIT_FINDINGS = 1
 
 
@@ -28,11 +32,9 @@ def doctor_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the findings as JSON.")] = False,
 ) -> None:
     """Run a training script and find memory anti-patterns (graphs kept alive, growth, ...)."""
-    from memfit.cli.app import EXIT_OK, _fail
+    # Here, not at the top: these import torch, which `memfit --help` must not.
     from memfit.diagnosis.doctor import doctor
     from memfit.diagnosis.render import findings_to_json, render_findings
-    from memfit.errors import MemfitError
-    from memfit.measurement.script_runner import EXIT_INTERRUPTED, ScriptFailed, run_script
 
     dr = doctor()
     failure: ScriptFailed | None = None
@@ -44,7 +46,7 @@ def doctor_command(
     except ScriptFailed as e:
         failure = e
     except MemfitError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     interrupted = failure is not None and isinstance(failure.exception, KeyboardInterrupt)
     if interrupted:
         typer.echo("interrupted (Ctrl-C); the report covers the run up to then.", err=True)

@@ -20,10 +20,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import traceback
 from typing import Annotated, Any
 
 import typer
+
+import memfit
+from memfit.cli._exit import EXIT_OK, fail
+from memfit.errors import BadInputError, MemfitError
 
 EXIT_NOTHING_FITS = 1
 EXIT_TRIAL_FAILED = 3
@@ -51,15 +56,14 @@ def find_batch_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Find the largest batch that runs, by trying (doubling, then binary search)."""
+    # Here, not at the top: these import torch, which `memfit --help` must not.
     import torch
 
-    from memfit.cli.app import EXIT_OK, _fail
-    from memfit.errors import BadInputError, MemfitError
     from memfit.guard.batch_search import find_batch_size
     from memfit.models.sources import load_functions
 
     if gpu is None and not torch.cuda.is_available():
-        raise _fail(
+        raise fail(
             "No CUDA GPU here, so the search would measure host RAM. Pass --gpu NAME to "
             "simulate a GPU on the CPU (e.g. --gpu t4 or --gpu rtx-4090@12GiB; `memfit gpus` "
             "lists the names)."
@@ -73,7 +77,7 @@ def find_batch_command(
 
             where = simulate(gpu, model=model, optimizer=optimizer)
     except (MemfitError, ImportError) as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     try:
         with where:
             r = find_batch_size(
@@ -82,7 +86,7 @@ def find_batch_command(
                 progress=progress and not as_json,
             )  # fmt: skip
     except BadInputError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     except torch.OutOfMemoryError as e:
         typer.echo(f"{e}", err=True)
         raise typer.Exit(EXIT_NOTHING_FITS) from None
@@ -112,7 +116,7 @@ def _model_and_optimizer(trial: object) -> tuple[Any, Any]:
     """The model and optimizer the trial's module holds at top level (see the module
     docstring): one module, an `nn.ModuleDict` of several (keyed by their names), or None; the
     optimizer when there is exactly one."""
-    import torch
+    import torch  # here, not at the top: `memfit --help` must not import torch
 
     g = getattr(trial, "__globals__", {})
     found = {
@@ -136,9 +140,7 @@ def _model_and_optimizer(trial: object) -> tuple[Any, Any]:
 
 def _user_traceback(e: BaseException) -> str:
     """The traceback from the first frame outside memfit on (the search's frames are noise)."""
-    import os
-
-    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    here = os.path.dirname(os.path.abspath(memfit.__file__)) + os.sep
     tb = e.__traceback__
     while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(here):
         tb = tb.tb_next

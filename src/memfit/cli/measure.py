@@ -1,4 +1,4 @@
-"""`memfit profile SCRIPT -- ARGS` and `memfit compare A.json B.json` (registered by memfit.cli.app).
+"""`memfit profile SCRIPT -- ARGS` and `memfit compare A.json B.json`: reports of measured memory.
 
 `profile` runs a training script under `memfit.measure` (CUDA statistics when the script uses
 a GPU, memfit's tracker over real tensors everywhere) and prints the same report as an
@@ -17,37 +17,14 @@ from typing import Annotated, Any
 
 import typer
 
+from memfit.cli._exit import EXIT_OK, fail
+from memfit.cli._pictures import check_timeline_path, write_pictures
+from memfit.errors import MemfitError
+from memfit.measurement.script_runner import ScriptFailed, run_script
+from memfit.report.compare import compare, load_report, render_comparison
+from memfit.units import format_bytes
+
 EXIT_SCRIPT_FAILED = 1
-
-
-def check_timeline_path(timeline: Path | None) -> None:
-    """A timeline is drawn as PNG or HTML; say so before any work is done."""
-    from memfit.errors import BadInputError
-
-    if timeline is not None and timeline.suffix.lower() not in (".png", ".html", ".htm"):
-        raise BadInputError(f"--timeline {str(timeline)!r}: the file must end in .png or .html.")
-
-
-def write_pictures(
-    profile: Any, timeline: Path | None, snapshot: Path | None, *, config: Any = None
-) -> None:
-    """Render the timeline (.png or .html) and the memory_viz snapshot when asked (`config`:
-    the AllocatorConfig the estimate simulated, for the snapshot's segments)."""
-    check_timeline_path(timeline)
-    if timeline is not None:
-        suffix = timeline.suffix.lower()
-        if suffix == ".png":
-            from memfit.report.timeline import render_png
-
-            render_png(profile, timeline)
-        elif suffix in (".html", ".htm"):
-            from memfit.report.timeline_html import render_html
-
-            render_html(profile, timeline)
-    if snapshot is not None:
-        from memfit.report.memory_viz import to_memory_viz
-
-        to_memory_viz(profile, snapshot, config=config)
 
 
 def profile_command(
@@ -64,16 +41,14 @@ def profile_command(
     ] = None,
 ) -> None:
     """Run a training script and measure its memory (GPU when it uses one, else CPU)."""
-    from memfit.cli.app import EXIT_OK, _fail
-    from memfit.errors import MemfitError
+    # Here, not at the top: these import torch, which `memfit --help` must not.
     from memfit.measurement.measure import measure
-    from memfit.measurement.script_runner import ScriptFailed, run_script
     from memfit.report.json import profile_json
 
     try:
         check_timeline_path(timeline)
     except MemfitError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     failure: ScriptFailed | None = None
     out = contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext()
     cm = measure(record_history=snapshot is not None)
@@ -83,7 +58,7 @@ def profile_command(
     except ScriptFailed as e:
         failure = e
     except (MemfitError, ImportError) as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     m = cm
     if failure is not None:
         typer.echo(failure.traceback, err=True, nl=False)
@@ -99,7 +74,7 @@ def profile_command(
     try:
         write_pictures(profile, timeline, snapshot)
     except (MemfitError, ImportError) as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     if as_json:
         data = profile_json(profile, source="measured", device=m.device)
         data["steps"] = m.steps
@@ -112,8 +87,8 @@ def profile_command(
 
 def render_measured(m: Any, what: str) -> str:
     """The terminal report of a measurement."""
+    # Here, not at the top: it imports torch, which `memfit --help` must not.
     from memfit.report.text import category_lines, grouped_modules
-    from memfit.units import format_bytes
 
     p = m.profile
     lines = [f"{what}: measured on {m.device}, {m.steps} optimizer step(s)", ""]
@@ -145,14 +120,10 @@ def compare_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the differences as JSON.")] = False,
 ) -> None:
     """Compare two memory reports (estimate vs measured) per category."""
-    from memfit.cli.app import EXIT_OK, _fail
-    from memfit.errors import MemfitError
-    from memfit.report.compare import compare, load_report, render_comparison
-
     try:
         a, b = load_report(first), load_report(second)
     except MemfitError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     c = compare(a, b, labels=(first.stem, second.stem))
     if as_json:
         rows = {r.name: {"a": r.a, "b": r.b, "diff": r.diff, "relative": r.relative}

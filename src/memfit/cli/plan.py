@@ -1,0 +1,143 @@
+"""`memfit plan`, `memfit max-batch`, `memfit max-seq`: searches for what fits a given GPU.
+
+`plan` looks for the fastest configuration that fits, keeping the global batch and sequence
+length; `max-batch` and `max-seq` look for the largest micro-batch or sequence length that fits
+one configuration. Exit codes: 0 something fits; 1 nothing does; 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from memfit.cli._exit import EXIT_DOES_NOT_FIT, EXIT_OK, fail
+from memfit.cli._workload_options import (
+    DEFAULT,
+    AsJson,
+    Batch,
+    Checkpointing,
+    Gpu,
+    Gpus,
+    ImageSize,
+    Mode,
+    Model,
+    Optimizer,
+    Precision,
+    Seq,
+    Task,
+    build_workload,
+)
+from memfit.errors import MemfitError
+
+
+def _split(values: list[str] | None) -> tuple[str, ...]:
+    """`--allow a,b --allow c` as ("a", "b", "c")."""
+    return tuple(v.strip() for item in values or [] for v in item.split(",") if v.strip())
+
+
+def plan_command(
+    model: Model,
+    gpu: Gpu,
+    global_batch: Annotated[
+        int, typer.Option("--global-batch", help="Samples per optimizer step (kept).")
+    ] = 8,
+    seq: Seq = DEFAULT.seq_len,
+    image_size: ImageSize = DEFAULT.image_size,
+    gpus: Gpus = DEFAULT.gpus,
+    # Not the Workload options: here they are optional, and a value pins what the planner
+    # would otherwise choose.
+    precision: Annotated[
+        str | None, typer.Option(help="Keep this precision (default: the planner chooses).")
+    ] = None,
+    optimizer: Annotated[
+        str | None, typer.Option(help="Keep this optimizer (default: the planner chooses).")
+    ] = None,
+    allow: Annotated[
+        list[str] | None,
+        typer.Option(help="Also allow a technique (lora, tied-embeddings, pure-precision)."),
+    ] = None,
+    forbid: Annotated[list[str] | None, typer.Option(help="Never use a technique.")] = None,
+    task: Task = None,
+    as_json: AsJson = False,
+) -> None:
+    """The fastest configuration that fits GPU, keeping the global batch and sequence length."""
+    try:
+        # Here, not at the top: these import torch, which `memfit --help` must not.
+        from memfit.planner.search import Goal, plan
+
+        goal = Goal(
+            global_batch=global_batch, seq_len=seq, image_size=image_size,
+            precision=precision, optimizer=optimizer,
+        )  # fmt: skip
+        result = plan(
+            model, gpu=gpu, goal=goal, n_gpus=gpus, allow=_split(allow), forbid=_split(forbid),
+            task=task,
+        )  # fmt: skip
+    except (MemfitError, ImportError) as e:
+        raise fail(str(e)) from None
+    from memfit.planner.render import plan_to_json, render_plan
+
+    if as_json:
+        typer.echo(json.dumps(plan_to_json(result), indent=2))
+    else:
+        typer.echo(render_plan(result))
+    raise typer.Exit(EXIT_OK if result.best is not None else EXIT_DOES_NOT_FIT)
+
+
+def _limit_command(
+    what: str, model: str, gpu: str, task: str | None, as_json: bool, **options: Any
+) -> None:
+    """Search the largest `what` ("batch_size" or "seq_len") that fits `gpu` for the workload
+    the other `options` describe, print it, and exit 0 (something fits) or 1 (nothing does)."""
+    try:
+        # Here, not at the top: these import torch, which `memfit --help` must not.
+        from memfit.planner.limits import max_batch, max_seq
+
+        w = build_workload(**options)
+        search = max_batch if what == "batch_size" else max_seq
+        result = search(model, w, gpu=gpu, task=task)
+    except (MemfitError, ImportError) as e:
+        raise fail(str(e)) from None
+    from memfit.planner.render import limit_to_json, render_limit
+
+    typer.echo(json.dumps(limit_to_json(result), indent=2) if as_json else render_limit(result))
+    raise typer.Exit(EXIT_OK if result.largest else EXIT_DOES_NOT_FIT)
+
+
+def max_batch_command(
+    model: Model,
+    gpu: Gpu,
+    seq: Seq = DEFAULT.seq_len,
+    precision: Precision = DEFAULT.precision,
+    optimizer: Optimizer = DEFAULT.optimizer,
+    checkpointing: Checkpointing = DEFAULT.checkpointing,
+    mode: Mode = DEFAULT.mode,
+    task: Task = None,
+    as_json: AsJson = False,
+) -> None:
+    """The largest micro-batch that fits GPU for this configuration (searched, not guessed)."""
+    _limit_command(
+        "batch_size", model, gpu, task, as_json,
+        seq=seq, precision=precision, optimizer=optimizer, checkpointing=checkpointing, mode=mode,
+    )  # fmt: skip
+
+
+def max_seq_command(
+    model: Model,
+    gpu: Gpu,
+    batch: Batch = DEFAULT.batch_size,
+    precision: Precision = DEFAULT.precision,
+    optimizer: Optimizer = DEFAULT.optimizer,
+    checkpointing: Checkpointing = DEFAULT.checkpointing,
+    mode: Mode = DEFAULT.mode,
+    task: Task = None,
+    as_json: AsJson = False,
+) -> None:
+    """The longest sequence that fits GPU for this configuration (searched, not guessed)."""
+    _limit_command(
+        "seq_len", model, gpu, task, as_json,
+        batch=batch, precision=precision, optimizer=optimizer, checkpointing=checkpointing,
+        mode=mode,
+    )  # fmt: skip
