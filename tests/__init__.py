@@ -1,1 +1,2 @@
-"""memfit test suite (a package, so that `tests.conftest` and same-named modules in subfolders import)."""
+"""The memfit test suite. A package, so that `tests.conftest` imports and same-named modules
+in subfolders stay apart."""

@@ -15,7 +15,7 @@ from memfit.diagnosis.doctor import GRAPH_KEPT_ALIVE, doctor
 from memfit.errors import BadInputError
 from memfit.measurement.script_runner import ScriptFailed, run_script
 
-SCRIPTS = Path(__file__).parent / "doctor_scripts"  # see test_doctor.py for their sizes
+SCRIPTS = Path(__file__).parents[1] / "doctor_scripts"  # see test_doctor.py for their sizes
 STEPS = 6
 OUT_BYTES = 4 * 8 * 4  # one batch of outputs: B=4 rows of OUT=8 fp32
 
