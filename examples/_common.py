@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 import memfit
+from memfit.techniques import labels as technique_labels
 from memfit.units import format_bytes
 
 
@@ -37,7 +38,7 @@ def plan_apply_train(
     w = plan.best.workload
     est = plan.best.estimate.profile
     print(f"plan for {gpu}: micro-batch {w.batch_size} x {w.grad_accum}, {w.precision}, "
-          f"{w.optimizer}; {', '.join(w.techniques()) or 'no other technique'}")  # fmt: skip
+          f"{w.optimizer}; {', '.join(technique_labels(w)) or 'no other technique'}")  # fmt: skip
     print(f"estimated peak allocated {format_bytes(est.peak_allocated_bytes)}, "
           f"device total {format_bytes(est.device_total_bytes)} on {gpu}")  # fmt: skip
 

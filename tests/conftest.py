@@ -1,4 +1,5 @@
-"""Builders shared by the test suite: tiny models, model specs, measured GPT-2 runs.
+"""Builders shared by the test suite: tiny models, model specs, measured GPT-2 runs, and the
+replay of recorded allocator traces.
 
 Test modules import them (`from tests.conftest import tiny_gpt2`): `tests` is a package, so
 this module is the one pytest loads as the suite's conftest.
@@ -7,12 +8,16 @@ this module is the one pytest loads as the suite's conftest.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 import memfit
+from memfit.cuda.allocator import CachingAllocator
+from memfit.cuda.allocator_config import AllocatorConfig
 from memfit.models.sources import ModelSpec, resolve_model
 
 
@@ -64,3 +69,51 @@ def run_measured(w: memfit.Workload) -> tuple[Any, torch.nn.Module]:
         for _ in range(2):
             setup.step({"input_ids": ids, "labels": ids.clone()})
     return m, model
+
+
+# Allocator traces (tests/data/allocator_traces, the format benchmarks/gpu_validation.py records):
+# read and replayed by tests/cuda/test_allocator_traces.py and tests/test_gpu_validation.py.
+TRACE_DIR = Path(__file__).parent / "data" / "allocator_traces"
+
+
+TRACE_FORMAT = "memfit-allocator-trace/1"
+
+
+ACTIONS = ("alloc", "free", "empty_cache")
+
+
+def trace_layout(segments: list[dict[str, Any]]) -> Counter:
+    """Segments as a multiset of (total_size, ((block_size, allocated), ...))."""
+    return Counter(
+        (int(s["total_size"]), tuple((int(b[0]), b[1] == "allocated") for b in s["blocks"]))
+        for s in segments
+    )
+
+
+def _simulated_layout(alloc: CachingAllocator) -> Counter:
+    return Counter((size, tuple(blocks)) for size, blocks in alloc.segments())
+
+
+def replay_trace(trace: dict[str, Any]) -> list[tuple[int, int, int, Counter]]:
+    """Run the trace; returns (event index, reserved, allocated, layout) at every checkpoint."""
+    conf = trace.get("alloc_conf") or ""
+    cfg = AllocatorConfig.from_string(conf) if conf else AllocatorConfig()
+    alloc = CachingAllocator(cfg, capacity_bytes=trace.get("capacity_bytes"))
+    wanted = {int(c["after_event"]) for c in trace["checkpoints"]}
+    held: dict[int, int | None] = {}
+    out = []
+    for i, (action, key, size) in enumerate(trace["events"]):
+        if action == "alloc":
+            # A 0-byte request takes no memory (NativeCachingAllocator::allocate).
+            held[key] = alloc.malloc(int(size)) if size > 0 else None
+        elif action == "free":
+            block = held.pop(key)
+            if block is not None:
+                alloc.free(block)
+        elif action == "empty_cache":
+            alloc.empty_cache()
+        else:
+            raise AssertionError(f"event {i}: unknown action {action!r}")
+        if i in wanted:
+            out.append((i, alloc.reserved, alloc.allocated, _simulated_layout(alloc)))
+    return out

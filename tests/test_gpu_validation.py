@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import TRACE_FORMAT, replay_trace, trace_layout
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_validation.py"
 MiB = 1 << 20
@@ -37,11 +39,6 @@ def _load(name: str, path: Path):
 @pytest.fixture(scope="module")
 def gv():
     return _load("memfit_gpu_validation", SCRIPT)
-
-
-@pytest.fixture(scope="module")
-def traces_test():
-    return _load("memfit_test_allocator_traces", Path(__file__).parent / "test_allocator_traces.py")
 
 
 # ---- the configuration list ---------------------------------------------------------------
@@ -208,21 +205,21 @@ def _fake_snapshot():
     return {"segments": segments, "device_traces": [trace]}
 
 
-def test_trace_from_snapshot_replays(gv, traces_test):
+def test_trace_from_snapshot_replays(gv):
     t = gv.trace_from_snapshot(_fake_snapshot(), name="fake")
-    assert t["format"] == traces_test.TRACE_FORMAT and t["source"] == "recorded"
+    assert t["format"] == TRACE_FORMAT and t["source"] == "recorded"
     assert t["complete"] is True
     assert t["events"] == [["alloc", 0, 1000], ["alloc", 1, 3 * MiB], ["free", 0, 1024]]
     assert [c["after_event"] for c in t["checkpoints"]] == [0, 1, 2]
     assert t["checkpoints"][-1]["allocated_bytes"] == 3 * MiB
     assert [s["pool"] for s in t["checkpoints"][-1]["segments"]] == ["small", "large"]
-    results = {i: (r, a, lay) for i, r, a, lay in traces_test.replay(t)}
+    results = {i: (r, a, lay) for i, r, a, lay in replay_trace(t)}
     for c in t["checkpoints"]:
         reserved, allocated, layout = results[c["after_event"]]
         assert reserved == c["reserved_bytes"]
         if "segments" in c:
             assert allocated == c["allocated_bytes"]
-            assert layout == traces_test._layout(c["segments"])
+            assert layout == trace_layout(c["segments"])
     gv_summary = gv.summarize_segments(_fake_snapshot()["segments"])
     assert gv_summary["large"]["count"] == 1 and gv_summary["small"]["total_size"] == 2 * MiB
 
@@ -250,7 +247,7 @@ def test_errors_and_summary(gv):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_run_measures_and_records_a_replayable_trace(tmp_path, traces_test):
+def test_gpu_run_measures_and_records_a_replayable_trace(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--only", "resnet18-fp32-sgd", "--record-traces",
          "--out", str(tmp_path)],
@@ -267,9 +264,9 @@ def test_gpu_run_measures_and_records_a_replayable_trace(tmp_path, traces_test):
     [trace_path] = (tmp_path / "traces").glob("*.json")
     t = json.loads(trace_path.read_text())
     assert t["complete"], t["notes"]
-    results = {i: (r, a, lay) for i, r, a, lay in traces_test.replay(t)}
+    results = {i: (r, a, lay) for i, r, a, lay in replay_trace(t)}
     final = t["checkpoints"][-1]
     reserved, allocated, layout = results[final["after_event"]]
     assert reserved == final["reserved_bytes"]
     assert allocated == final["allocated_bytes"]
-    assert layout == traces_test._layout(final["segments"])
+    assert layout == trace_layout(final["segments"])

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from memfit import BadInputError, LoraConfig, Workload
+from memfit.techniques import labels as technique_labels
 
 
 def test_defaults_and_properties():
@@ -10,11 +11,11 @@ def test_defaults_and_properties():
     assert w.training and w.mixed and not w.pure_low_precision
     assert w.compute_dtype_name == "bfloat16"
     assert Workload(precision="fp16-true").compute_dtype_name == "float16"
-    assert Workload(grad_accum=4, checkpointing="blocks").techniques() == [
+    assert technique_labels(Workload(grad_accum=4, checkpointing="blocks")) == [
         "grad-accum x4",
         "checkpointing every block",
     ]
-    assert Workload(checkpointing="blocks", checkpoint_first=3).techniques() == [
+    assert technique_labels(Workload(checkpointing="blocks", checkpoint_first=3)) == [
         "checkpointing the first 3 blocks"
     ]
 
@@ -53,5 +54,5 @@ def test_gpus_validation_and_fsdp_config():
         Workload(gpus=0)
     with pytest.raises(BadInputError, match="CPUOffloadPolicy"):
         Workload(gpus=2, offload_optimizer=True)
-    assert FSDPConfig() in configs_from_workload(Workload(gpus=4))
-    assert "FSDP over 4 GPUs" in Workload(gpus=4).techniques()
+    assert FSDPConfig(world_size=4) in configs_from_workload(Workload(gpus=4))
+    assert "FSDP over 4 GPUs" in technique_labels(Workload(gpus=4))

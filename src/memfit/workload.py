@@ -58,6 +58,11 @@ class LoraConfig:
         if self.rank <= 0:
             raise BadInputError(f"LoRA rank must be a positive integer, got {self.rank!r}.")
 
+    @property
+    def label(self) -> str:
+        """How reports and `apply_` name the technique."""
+        return f"LoRA r={self.rank}"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Workload:
@@ -164,31 +169,6 @@ class Workload:
     @property
     def pure_low_precision(self) -> bool:
         return self.precision.endswith("-true")
-
-    def techniques(self) -> list[str]:
-        """The memory techniques this workload uses, as short labels for reports."""
-        out = []
-        if self.grad_accum > 1:
-            out.append(f"grad-accum x{self.grad_accum}")
-        if self.checkpointing != "off":
-            out.append(
-                "checkpointing every block"
-                if self.checkpoint_first is None
-                else f"checkpointing the first {self.checkpoint_first} blocks"
-            )
-        if self.lora is not None:
-            out.append(f"LoRA r={self.lora.rank}")
-        if self.freeze:
-            out.append("frozen: " + ", ".join(self.freeze))
-        if self.offload_optimizer:
-            out.append("optimizer state on CPU")
-        if self.embedding_on_cpu:
-            out.append("embedding on CPU")
-        if self.tie_embeddings:
-            out.append("tied embeddings")
-        if self.gpus > 1:
-            out.append(f"FSDP over {self.gpus} GPUs")
-        return out
 
     def with_(self, **changes: Any) -> Workload:
         """A copy with some fields changed (validated again)."""

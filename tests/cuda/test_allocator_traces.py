@@ -26,60 +26,18 @@ addresses do not follow the simulator's creation order.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from memfit.cuda.allocator import CachingAllocator
-from memfit.cuda.allocator_config import AllocatorConfig
+from tests.conftest import ACTIONS, TRACE_DIR, TRACE_FORMAT, replay_trace, trace_layout
 
-TRACE_DIR = Path(__file__).parents[1] / "data" / "allocator_traces"
-TRACE_FORMAT = "memfit-allocator-trace/1"
 TRACE_FILES = sorted(TRACE_DIR.glob("*.json"))
-ACTIONS = ("alloc", "free", "empty_cache")
 
 
 def load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
-
-
-def _layout(segments: list[dict[str, Any]]) -> Counter:
-    """Segments as a multiset of (total_size, ((block_size, allocated), ...))."""
-    return Counter(
-        (int(s["total_size"]), tuple((int(b[0]), b[1] == "allocated") for b in s["blocks"]))
-        for s in segments
-    )
-
-
-def _sim_layout(alloc: CachingAllocator) -> Counter:
-    return Counter((size, tuple(blocks)) for size, blocks in alloc.segments())
-
-
-def replay(trace: dict[str, Any]) -> list[tuple[int, int, int, Counter]]:
-    """Run the trace; returns (event index, reserved, allocated, layout) at every checkpoint."""
-    conf = trace.get("alloc_conf") or ""
-    cfg = AllocatorConfig.from_string(conf) if conf else AllocatorConfig()
-    alloc = CachingAllocator(cfg, capacity_bytes=trace.get("capacity_bytes"))
-    wanted = {int(c["after_event"]) for c in trace["checkpoints"]}
-    held: dict[int, int | None] = {}
-    out = []
-    for i, (action, key, size) in enumerate(trace["events"]):
-        if action == "alloc":
-            # A 0-byte request takes no memory (NativeCachingAllocator::allocate).
-            held[key] = alloc.malloc(int(size)) if size > 0 else None
-        elif action == "free":
-            block = held.pop(key)
-            if block is not None:
-                alloc.free(block)
-        elif action == "empty_cache":
-            alloc.empty_cache()
-        else:
-            raise AssertionError(f"event {i}: unknown action {action!r}")
-        if i in wanted:
-            out.append((i, alloc.reserved, alloc.allocated, _sim_layout(alloc)))
-    return out
 
 
 def test_trace_files_exist():
@@ -125,7 +83,7 @@ def test_replay_matches_checkpoints(path: Path):
     t = load(path)
     if not t.get("complete", True):
         pytest.skip(f"{path.name} is marked incomplete: {t.get('notes')}")
-    results = {i: (r, a, lay) for i, r, a, lay in replay(t)}
+    results = {i: (r, a, lay) for i, r, a, lay in replay_trace(t)}
     for c in t["checkpoints"]:
         i = c["after_event"]
         reserved, allocated, layout = results[i]
@@ -136,8 +94,8 @@ def test_replay_matches_checkpoints(path: Path):
                 f"{path.name} after event {i}: allocated\n{why}"
             )
         if "segments" in c:
-            assert layout == _layout(c["segments"]), (
+            assert layout == trace_layout(c["segments"]), (
                 f"{path.name} after event {i}: segments\n{why}\n"
                 f"simulated {sorted(layout.elements())}\nexpected  "
-                f"{sorted(_layout(c['segments']).elements())}"
+                f"{sorted(trace_layout(c['segments']).elements())}"
             )

@@ -11,6 +11,7 @@ import memfit
 from memfit.cli.app import app
 from memfit.planner.limits import max_batch
 from memfit.planner.search import Goal, plan
+from memfit.techniques import labels as technique_labels
 
 # (model, gpu, global batch, seq): small models, three GPUs, each plan fits.
 CASES = [
@@ -155,4 +156,4 @@ def test_plan_over_two_gpus_shards_with_fsdp():
     assert 0.49 < shard / one.best.estimate.profile.breakdown["parameters"] < 0.52
     est = memfit.estimate("gpt2", w, gpu="t4")
     assert est.profile.peak_allocated_bytes == p.best.estimate.profile.peak_allocated_bytes
-    assert "FSDP over 2 GPUs" in w.techniques()
+    assert "FSDP over 2 GPUs" in technique_labels(w)

@@ -217,11 +217,12 @@ def test_configs_from_a_workload_and_a_plan():
         precision="bf16-mixed", grad_accum=4, checkpointing="blocks", checkpoint_first=2,
         optimizer="adafactor",
     )  # fmt: skip
+    # In the order reports list them; apply_ runs them in its own order.
     assert configs_from_workload(w, lr=0.01) == [
-        PrecisionConfig(precision="bf16-mixed"),
-        CheckpointConfig(first=2),
         AccumulationConfig(steps=4),
+        CheckpointConfig(first=2),
         OptimizerConfig(name="adafactor", lr=0.01),
+        PrecisionConfig(precision="bf16-mixed"),
     ]
     setup = apply_(tiny_gpt2(), w)
     assert setup.grad_accum == 4

@@ -6,13 +6,14 @@ from typing import Any
 
 from memfit.planner.limits import Limit
 from memfit.planner.search import Candidate, Plan
+from memfit.techniques import labels as technique_labels
 from memfit.units import format_bytes
 
 
 def _describe(c: Candidate) -> str:
     w = c.workload
     head = [f"micro-batch {w.batch_size} x {w.grad_accum} accumulation", w.precision, w.optimizer]
-    return ", ".join(head + [t for t in w.techniques() if not t.startswith("grad-accum")])
+    return ", ".join(head + [t for t in technique_labels(w) if not t.startswith("grad-accum")])
 
 
 def apply_code(c: Candidate, model: str, gpu: str) -> str:

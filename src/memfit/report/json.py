@@ -9,6 +9,7 @@ from typing import Any
 from memfit.estimator.estimate import Estimate
 from memfit.profile import MemoryProfile
 from memfit.report.text import rule_of_thumb_bytes
+from memfit.techniques import labels as technique_labels
 
 
 def profile_json(profile: MemoryProfile, **extra: Any) -> dict[str, Any]:
@@ -75,7 +76,7 @@ def estimate_json(est: Estimate) -> dict[str, Any]:
             "checkpointing": w.checkpointing,
             "attention": w.attention,
             "attention_kernel": est.attention_backend,
-            "techniques": w.techniques(),
+            "techniques": technique_labels(w),
             "gpu": est.gpu.name if est.gpu is not None else None,
             "gpus": w.gpus,
             "repeated_blocks": est.num_blocks,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from memfit.estimator.estimate import Estimate
+from memfit.techniques import labels as technique_labels
 from memfit.units import format_bytes
 
 #: The rule of thumb users apply today: fp32 weights (4 B) + gradients (4 B) + Adam's two fp32
@@ -64,7 +65,7 @@ def render_text(est: Estimate, *, top_modules: int = 8) -> str:
         f"{est.model}: {est.parameter_count:,} parameters "
         f"({est.trainable_parameter_count:,} trainable), {w.mode}, {shape}, {w.precision}, {opt}"
     )
-    extra = ", ".join(w.techniques())
+    extra = ", ".join(technique_labels(w))
     if extra:
         lines.append(f"techniques: {extra}")
     if est.attention_backend:

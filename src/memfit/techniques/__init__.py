@@ -13,7 +13,7 @@ May import: `memfit.models`, `memfit.cuda` and the top level.
 
 from memfit.techniques.accumulation import AccumulationConfig
 from memfit.techniques.checkpointing import CheckpointConfig
-from memfit.techniques.composition import TechniqueConfig, configs_from_workload
+from memfit.techniques.composition import TechniqueConfig, configs_from_workload, labels
 from memfit.techniques.embedding_on_cpu import EmbeddingOnCpuConfig
 from memfit.techniques.freeze import FreezeConfig
 from memfit.techniques.fsdp import FSDPConfig
@@ -34,4 +34,5 @@ __all__ = [
     "TechniqueConfig",
     "TieEmbeddingsConfig",
     "configs_from_workload",
+    "labels",
 ]

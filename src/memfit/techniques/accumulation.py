@@ -25,9 +25,14 @@ class AccumulationConfig:
                 f"Gradient accumulation steps must be a positive integer, got {self.steps!r}."
             )
 
+    @property
+    def label(self) -> str:
+        """How reports and `apply_` name the technique."""
+        return f"grad-accum x{self.steps}" if self.steps > 1 else ""
+
 
 @handler
 def _accumulate(config: AccumulationConfig, build: Build) -> None:
     build.grad_accum = config.steps
     if config.steps > 1:
-        build.applied.append(f"grad-accum x{config.steps}")
+        build.applied.append(config.label)

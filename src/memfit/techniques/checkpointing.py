@@ -65,6 +65,17 @@ class CheckpointConfig:
         if self.first is not None and (isinstance(self.first, bool) or self.first < 0):
             raise BadInputError(f"CheckpointConfig.first must be >= 0, got {self.first!r}.")
 
+    @property
+    def label(self) -> str:
+        """How reports name the technique."""
+        if self.blocks is not None:
+            what = f"checkpointing {len(self.blocks)} named blocks"
+        elif self.first is None:
+            what = "checkpointing every block"
+        else:
+            what = f"checkpointing the first {self.first} blocks"
+        return what + (" (selective)" if self.policy == "selective" else "")
+
 
 #: Called as f(block_path, entering) when a checkpointed block's forward starts and ends, in
 #: the original forward and in its recomputation during backward. The tracker listens, to

@@ -34,29 +34,36 @@ TechniqueConfig = (
 
 
 def configs_from_workload(w: Workload, *, lr: float = DEFAULT_LR) -> list[TechniqueConfig]:
-    """The technique configs that turn a model into the step `w` describes."""
+    """The technique configs that turn a model into the step `w` describes, in the order
+    reports list them (`apply_` runs them in its own order)."""
     if w.offload_optimizer and (not w.training or w.optimizer == "none"):
         raise BadInputError("offload_optimizer needs a training workload with an optimizer.")
     out: list[TechniqueConfig] = []
-    if w.freeze:
-        out.append(FreezeConfig(prefixes=w.freeze))
-    if w.tie_embeddings:
-        out.append(TieEmbeddingsConfig())
-    if w.lora is not None:
-        out.append(w.lora)
-    if w.precision != "fp32":
-        out.append(PrecisionConfig(precision=w.precision))
-    if w.embedding_on_cpu:
-        out.append(EmbeddingOnCpuConfig())
-    if w.checkpointing != "off":
-        out.append(CheckpointConfig(first=w.checkpoint_first))
-    if w.gpus > 1:
-        out.append(FSDPConfig())
     if w.grad_accum > 1:
         out.append(AccumulationConfig(steps=w.grad_accum))
+    if w.checkpointing != "off":
+        out.append(CheckpointConfig(first=w.checkpoint_first))
+    if w.lora is not None:
+        out.append(w.lora)
+    if w.freeze:
+        out.append(FreezeConfig(prefixes=w.freeze))
     if w.training and w.optimizer != "none":
         out.append(OptimizerConfig(name=w.optimizer, lr=lr, offload=w.offload_optimizer))
+    if w.embedding_on_cpu:
+        out.append(EmbeddingOnCpuConfig())
+    if w.tie_embeddings:
+        out.append(TieEmbeddingsConfig())
+    if w.gpus > 1:
+        out.append(FSDPConfig(world_size=w.gpus))
+    if w.precision != "fp32":
+        out.append(PrecisionConfig(precision=w.precision))
     return out
+
+
+def labels(w: Workload) -> list[str]:
+    """The memory techniques `w` uses, as reports name them (each config's `label`; the
+    precision and the optimizer are reported on their own)."""
+    return [c.label for c in configs_from_workload(w) if c.label]
 
 
 def prepare_model(model: torch.nn.Module, w: Workload, spec: ModelSpec) -> torch.nn.Module:

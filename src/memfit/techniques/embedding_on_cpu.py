@@ -28,6 +28,11 @@ class EmbeddingOnCpuConfig:
 
     module: str | None = None
 
+    @property
+    def label(self) -> str:
+        """How reports and `apply_` name the technique."""
+        return "embedding on CPU"
+
 
 def move_model(
     model: torch.nn.Module, device: torch.device, *, embedding: EmbeddingOnCpuConfig | None
@@ -102,4 +107,4 @@ def _output_to(device: torch.device) -> Any:
 @handler
 def _embedding_on_cpu(config: EmbeddingOnCpuConfig, build: Build) -> None:
     # Placement itself is done by _place, before the modules are wrapped.
-    build.applied.append("embedding on CPU")
+    build.applied.append(config.label)

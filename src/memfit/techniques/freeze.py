@@ -16,6 +16,11 @@ class FreezeConfig:
 
     prefixes: tuple[str, ...]
 
+    @property
+    def label(self) -> str:
+        """How reports and `apply_` name the technique."""
+        return "frozen: " + ", ".join(self.prefixes)
+
 
 def freeze(model: torch.nn.Module, prefixes: tuple[str, ...], name: str) -> None:
     """No gradient for the parameters under these module-name prefixes (in place)."""
@@ -34,4 +39,4 @@ def freeze(model: torch.nn.Module, prefixes: tuple[str, ...], name: str) -> None
 @handler
 def _freeze(config: FreezeConfig, build: Build) -> None:
     freeze(build.model, config.prefixes, type(build.model).__name__)
-    build.applied.append("frozen: " + ", ".join(config.prefixes))
+    build.applied.append(config.label)

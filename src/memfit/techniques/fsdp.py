@@ -22,9 +22,17 @@ class FSDPConfig:
     Attributes:
         reshard_after_forward: free the gathered parameters of a block after its forward
             (ZeRO-3); False keeps them until backward (ZeRO-2-like, more memory, less traffic).
+        world_size: the number of ranks the plan was made for (for reports; sharding uses the
+            process group it finds).
     """
 
     reshard_after_forward: bool = True
+    world_size: int | None = None
+
+    @property
+    def label(self) -> str:
+        """How reports and `apply_` name the technique."""
+        return f"FSDP over {self.world_size} GPUs" if self.world_size else "FSDP2"
 
 
 def shard_model(model: torch.nn.Module, config: FSDPConfig, *, mesh: Any = None) -> None:
@@ -54,4 +62,4 @@ def shard_model(model: torch.nn.Module, config: FSDPConfig, *, mesh: Any = None)
 @handler
 def _fsdp(config: FSDPConfig, build: Build) -> None:
     shard_model(build.model, config)
-    build.applied.append("FSDP2")
+    build.applied.append(config.label)

@@ -85,4 +85,4 @@ def add_lora_in_place(model: torch.nn.Module, lora: LoraConfig) -> None:
 @handler
 def _lora(config: LoraConfig, build: Build) -> None:
     add_lora_in_place(build.model, config)
-    build.applied.append(f"LoRA r={config.rank}")
+    build.applied.append(config.label)

@@ -69,6 +69,11 @@ class OptimizerConfig:
         if not self.lr > 0:
             raise BadInputError(f"Learning rate must be > 0, got {self.lr!r}.")
 
+    @property
+    def label(self) -> str:
+        """How reports name the technique: only the offload (reports show the optimizer)."""
+        return "optimizer state on CPU" if self.offload else ""
+
 
 class AdamW8bitLayout(torch.optim.Optimizer):
     """Memory layout of bitsandbytes.optim.AdamW8bit; see the module docstring."""

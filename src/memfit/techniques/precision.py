@@ -22,6 +22,11 @@ class PrecisionConfig:
     def __post_init__(self) -> None:
         check_choice("precision", self.precision, PRECISIONS)
 
+    @property
+    def label(self) -> str:
+        """How reports name the technique: nothing, as reports show the precision on its own."""
+        return ""
+
 
 @handler
 def _precision(config: PrecisionConfig, build: Build) -> None:

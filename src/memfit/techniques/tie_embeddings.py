@@ -17,6 +17,11 @@ class TieEmbeddingsConfig:
     """One matrix for the input embedding and the output projection (and, for encoder-decoder
     models, one embedding shared by encoder and decoder)."""
 
+    @property
+    def label(self) -> str:
+        """How reports and `apply_` name the technique."""
+        return "tied embeddings"
+
 
 def tie_embeddings(model: torch.nn.Module, name: str) -> None:
     """Make the output projection share the input embedding's weight (in place)."""
@@ -63,4 +68,4 @@ def tie_all_embeddings(model: torch.nn.Module) -> None:
 @handler
 def _tie(config: TieEmbeddingsConfig, build: Build) -> None:
     tie_all_embeddings(build.model)
-    build.applied.append("tied embeddings")
+    build.applied.append(config.label)
