@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from memfit.cuda.allocator_config import AllocatorConfig, cuda_block_size
-from memfit.cuda.allocator_replay import simulate
+from memfit.cuda.allocator_replay import AllocatorResult, simulate
 from memfit.cuda.overhead import cublas_workspace_bytes, device_overhead
 from memfit.cuda.target import DEFAULT_GPU, get_gpu
 from memfit.estimator.step_runner import traced_micro_batches
@@ -176,19 +176,7 @@ def attach_device_memory(
     # The memory the traced tensors can get: the device less what the allocator never sees,
     # less the cuDNN workspace (allocated through it, but not part of the trace).
     allocator_capacity = capacity - outside - cudnn_bytes
-    run = simulate(stream, config=cfg, total_bytes=capacity, record_blocks=True)
-    failed = run if run.oom is not None else None  # only a memory fraction caps this run
-    if est.gpu is not None and failed is None and 0 < allocator_capacity < run.peak_reserved_bytes:
-        # On this GPU cudaMalloc fails first; PyTorch then frees its cache and retries, so a
-        # step that needs more than fits can still run, with less reserved.
-        bounded = simulate(
-            stream, config=cfg, capacity_bytes=allocator_capacity, total_bytes=capacity,
-            record_blocks=True,
-        )  # fmt: skip
-        if bounded.oom is None:
-            run = bounded
-        else:
-            failed = bounded
+    run, failed = _replay(stream, cfg, capacity, allocator_capacity, bounded=est.gpu is not None)
     # Allocated as PyTorch counts it: whole blocks (a block is not split when the rest would
     # be too small), not requested bytes.
     profile = MemoryProfile.from_events(records, events, block_bytes=run.block_bytes)
@@ -224,3 +212,32 @@ def attach_device_memory(
         )
     est.profile = profile
     return profile
+
+
+def _replay(
+    stream: list[tuple[int, int, int]],
+    cfg: AllocatorConfig,
+    capacity: int,
+    allocator_capacity: int,
+    *,
+    bounded: bool,
+) -> tuple[AllocatorResult, AllocatorResult | None]:
+    """The allocator replay of the stream, and the run that failed (None if none did).
+
+    Unbounded first (only a memory fraction caps it); on a named GPU (`bounded`), when that
+    needs more than the allocator can get, again within that capacity: cudaMalloc fails
+    first, PyTorch frees its cache and retries, so a step that needs more than fits can
+    still run, with less reserved.
+    """
+    run = simulate(stream, config=cfg, total_bytes=capacity, record_blocks=True)
+    failed = run if run.oom is not None else None
+    if bounded and failed is None and 0 < allocator_capacity < run.peak_reserved_bytes:
+        capped = simulate(
+            stream, config=cfg, capacity_bytes=allocator_capacity, total_bytes=capacity,
+            record_blocks=True,
+        )  # fmt: skip
+        if capped.oom is None:
+            run = capped
+        else:
+            failed = capped
+    return run, failed

@@ -302,8 +302,30 @@ def step_cost(work: StepWork, gpu: GPU, *, tf32: bool = True) -> StepCost:
     i.e. the plain fp32 rate, so pass ``tf32=False`` to model an untouched fp32 script.
     """
     notes: list[str] = []
+    compute_seconds, efficiency = _compute(work, gpu, tf32, notes)
+    memory_seconds, optimizer_seconds = _optimizer_update(work, gpu, notes)
+    transfer_seconds, cpu_seconds = _host_traffic(work, gpu, notes)
+    optimizer_seconds += cpu_seconds
+    communication_seconds = _communication(work, gpu, compute_seconds, notes)
+    seconds = compute_seconds + optimizer_seconds + transfer_seconds + communication_seconds
+    tokens = work.micro_batches * work.tokens_per_micro_batch * work.n_gpus
+    notes.append("absolute times are estimates; use them to rank configurations")
+    return StepCost(
+        seconds=seconds,
+        compute_seconds=compute_seconds,
+        memory_seconds=memory_seconds,
+        optimizer_seconds=optimizer_seconds,
+        transfer_seconds=transfer_seconds,
+        communication_seconds=communication_seconds,
+        efficiency=efficiency,
+        tokens_per_second=tokens / seconds,
+        notes=tuple(notes),
+    )
 
-    # Compute: forward + backward matmul work at a batch-size-dependent fraction of peak.
+
+def _compute(work: StepWork, gpu: GPU, tf32: bool, notes: list[str]) -> tuple[float, float]:
+    """Forward + backward matmul work at a batch-size-dependent fraction of peak, plus the
+    launch overhead of each micro-batch: (seconds, efficiency)."""
     peak, rate_name = matmul_peak_flops(gpu, work.compute_dtype, tf32=tf32)
     efficiency = matmul_efficiency(work.tokens_per_micro_batch)
     matmul_flops = work.forward_flops + work.backward_flops
@@ -333,24 +355,28 @@ def step_cost(work: StepWork, gpu: GPU, *, tf32: bool = True) -> StepCost:
             f"checkpoint recomputation adds {work.recompute_flops / 1e12:.2f} TFLOP "
             f"({work.recompute_flops / max(matmul_flops, 1):.0%} of forward + backward)"
         )
+    return compute_seconds, efficiency
 
-    # GPU optimizer update: roofline of element-wise FLOPs vs bytes read and written.
-    # Read param, grad and state; write param and state: 2 x (params + state) + grads.
-    memory_seconds = 0.0
-    optimizer_seconds = 0.0
-    if work.optimizer_flops > 0 or work.optimizer_state_bytes > 0:
-        update_bytes = 2 * (work.parameter_bytes + work.optimizer_state_bytes) + (
-            work.gradient_bytes
-        )
-        memory_seconds = update_bytes / gpu.memory_bandwidth_bytes_per_s
-        flop_seconds = work.optimizer_flops / gpu.peak_fp32_flops
-        optimizer_seconds = max(flop_seconds, memory_seconds)
-        bound = "memory" if memory_seconds >= flop_seconds else "compute"
-        notes.append(f"GPU optimizer update is {bound}-bound ({optimizer_seconds * 1e3:.2f} ms)")
 
-    # CPU offload: grads down + params up over PCIe, then the update on the CPU (not overlapped).
+def _optimizer_update(work: StepWork, gpu: GPU, notes: list[str]) -> tuple[float, float]:
+    """The GPU optimizer update as a roofline of element-wise FLOPs against bytes read and
+    written (param, grad and state read; param and state written): (memory s, update s)."""
+    if work.optimizer_flops <= 0 and work.optimizer_state_bytes <= 0:
+        return 0.0, 0.0
+    update_bytes = 2 * (work.parameter_bytes + work.optimizer_state_bytes) + work.gradient_bytes
+    memory_seconds = update_bytes / gpu.memory_bandwidth_bytes_per_s
+    flop_seconds = work.optimizer_flops / gpu.peak_fp32_flops
+    optimizer_seconds = max(flop_seconds, memory_seconds)
+    bound = "memory" if memory_seconds >= flop_seconds else "compute"
+    notes.append(f"GPU optimizer update is {bound}-bound ({optimizer_seconds * 1e3:.2f} ms)")
+    return memory_seconds, optimizer_seconds
+
+
+def _host_traffic(work: StepWork, gpu: GPU, notes: list[str]) -> tuple[float, float]:
+    """CPU offload (grads down and params up over PCIe, then the update on the CPU, not
+    overlapped) and the CPU embedding's transfers: (PCIe s, CPU update s)."""
     pcie = gpu.pcie_bandwidth_bytes_per_s * PCIE_EFFICIENCY
-    transfer_seconds = 0.0
+    transfer_seconds = cpu_seconds = 0.0
     if work.offloaded_parameter_count > 0:
         element = _DTYPE_BYTES[work.compute_dtype]
         pcie_bytes = 2 * work.offloaded_parameter_count * element
@@ -358,7 +384,6 @@ def step_cost(work: StepWork, gpu: GPU, *, tf32: bool = True) -> StepCost:
         cpu_bytes = 2 * work.offloaded_optimizer_bytes + pcie_bytes
         cpu_seconds = cpu_bytes / CPU_MEMORY_BANDWIDTH_BYTES_PER_S
         transfer_seconds += offload_pcie_seconds
-        optimizer_seconds += cpu_seconds
         notes.append(
             f"CPU offload: {offload_pcie_seconds * 1e3:.1f} ms over PCIe + "
             f"{cpu_seconds * 1e3:.1f} ms CPU update, not overlapped with GPU compute "
@@ -368,38 +393,26 @@ def step_cost(work: StepWork, gpu: GPU, *, tf32: bool = True) -> StepCost:
         embedding_seconds = work.cpu_embedding_bytes_per_step / pcie
         transfer_seconds += embedding_seconds
         notes.append(f"CPU embedding: {embedding_seconds * 1e3:.1f} ms over PCIe")
+    return transfer_seconds, cpu_seconds
 
-    # Sharding collectives: NVLink on SXM boards, else PCIe; partly hidden behind compute.
-    communication_seconds = 0.0
-    if work.sharded_bytes_per_step > 0:
-        if gpu.nvlink:
-            link = (
-                NVLINK_BYTES_PER_S.get(gpu.architecture, NVLINK_DEFAULT_BYTES_PER_S)
-                * NVLINK_EFFICIENCY
-            )
-            link_name = "NVLink"
-        else:
-            link = pcie
-            link_name = "PCIe"
-        total = work.sharded_bytes_per_step / link
-        hidden = min(COMMUNICATION_OVERLAP * total, compute_seconds)
-        communication_seconds = total - hidden
-        notes.append(
-            f"sharding: {total * 1e3:.1f} ms of collectives over {link_name}, "
-            f"{communication_seconds * 1e3:.1f} ms exposed"
-        )
 
-    seconds = compute_seconds + optimizer_seconds + transfer_seconds + communication_seconds
-    tokens = work.micro_batches * work.tokens_per_micro_batch * work.n_gpus
-    notes.append("absolute times are estimates; use them to rank configurations")
-    return StepCost(
-        seconds=seconds,
-        compute_seconds=compute_seconds,
-        memory_seconds=memory_seconds,
-        optimizer_seconds=optimizer_seconds,
-        transfer_seconds=transfer_seconds,
-        communication_seconds=communication_seconds,
-        efficiency=efficiency,
-        tokens_per_second=tokens / seconds,
-        notes=tuple(notes),
+def _communication(work: StepWork, gpu: GPU, compute_seconds: float, notes: list[str]) -> float:
+    """Sharding collectives over NVLink on SXM boards, else PCIe, partly hidden behind
+    compute: the exposed seconds."""
+    if work.sharded_bytes_per_step <= 0:
+        return 0.0
+    if gpu.nvlink:
+        nvlink = NVLINK_BYTES_PER_S.get(gpu.architecture, NVLINK_DEFAULT_BYTES_PER_S)
+        link = nvlink * NVLINK_EFFICIENCY
+        link_name = "NVLink"
+    else:
+        link = gpu.pcie_bandwidth_bytes_per_s * PCIE_EFFICIENCY
+        link_name = "PCIe"
+    total = work.sharded_bytes_per_step / link
+    hidden = min(COMMUNICATION_OVERLAP * total, compute_seconds)
+    exposed = total - hidden
+    notes.append(
+        f"sharding: {total * 1e3:.1f} ms of collectives over {link_name}, "
+        f"{exposed * 1e3:.1f} ms exposed"
     )
+    return exposed
