@@ -56,3 +56,17 @@ def test_gpus_validation_and_fsdp_config():
         Workload(gpus=2, offload_optimizer=True)
     assert FSDPConfig(world_size=4) in configs_from_workload(Workload(gpus=4))
     assert "FSDP over 4 GPUs" in technique_labels(Workload(gpus=4))
+
+
+def test_fsdp_mixed_precision_is_the_policy_unless_autocast_is_asked():
+    # With several GPUs, "-mixed" means FSDP2's MixedPrecisionPolicy: no autocast.
+    policy = Workload(gpus=4, precision="bf16-mixed")
+    assert policy.fsdp_param_dtype == "bfloat16" and not policy.autocast
+    asked = Workload(gpus=4, precision="fp16-mixed", fsdp_autocast=True)
+    assert asked.fsdp_param_dtype is None and asked.autocast
+    one = Workload(precision="bf16-mixed")
+    assert one.fsdp_param_dtype is None and one.autocast
+    with pytest.raises(BadInputError, match="fsdp_autocast"):
+        Workload(precision="bf16-mixed", fsdp_autocast=True)
+    with pytest.raises(BadInputError, match="fsdp_autocast"):
+        Workload(gpus=2, precision="fp32", fsdp_autocast=True)

@@ -92,6 +92,10 @@ class Workload:
         gpus: data-parallel GPUs. Above 1, parameters, gradients and optimizer state are
             sharded over them with FSDP2 (`fully_shard` on each repeated block, then the root;
             ZeRO-3); `batch_size` is per GPU. The estimate is of one rank.
+        fsdp_autocast: with `gpus` above 1 and a "-mixed" precision, run autocast over fp32
+            FSDP2 shards (fp32 all-gathers). False (the default) is what FSDP2 users write:
+            `MixedPrecisionPolicy(param_dtype=<16-bit>, reduce_dtype=float32)`, bf16/fp16
+            all-gathers and compute, fp32 gradient reduction and shards, no autocast.
         steps: training steps traced; the first is warm-up (optimizer state is created), the
             later ones are steady state. Two is enough for every optimizer memfit knows.
     """
@@ -113,6 +117,7 @@ class Workload:
     embedding_on_cpu: bool = False
     tie_embeddings: bool = False
     gpus: int = 1
+    fsdp_autocast: bool = False
     steps: int = 2
 
     def __post_init__(self) -> None:
@@ -143,6 +148,12 @@ class Workload:
                 "With FSDP over several GPUs (--gpus), memfit does not model optimizer offload or "
                 "an embedding on the CPU (FSDP2 has its own CPUOffloadPolicy). Drop one of them."
             )
+        if self.fsdp_autocast and not (self.gpus > 1 and self.mixed):
+            raise BadInputError(
+                "fsdp_autocast chooses how FSDP2 runs a '-mixed' precision over several GPUs; "
+                f"it does not apply to gpus={self.gpus} with precision {self.precision!r}. "
+                "Drop it, or use gpus > 1 with bf16-mixed or fp16-mixed."
+            )
         if self.embedding_on_cpu and self.tie_embeddings:
             raise BadInputError(
                 "--embedding-on-cpu and --tie-embeddings conflict: a tied output projection "
@@ -165,6 +176,19 @@ class Workload:
     @property
     def mixed(self) -> bool:
         return self.precision.endswith("-mixed")
+
+    @property
+    def autocast(self) -> bool:
+        """Whether the step runs under autocast: "-mixed", except with FSDP2's
+        MixedPrecisionPolicy (several GPUs without `fsdp_autocast`), which casts instead."""
+        return self.mixed and (self.gpus == 1 or self.fsdp_autocast)
+
+    @property
+    def fsdp_param_dtype(self) -> str | None:
+        """The dtype FSDP2's MixedPrecisionPolicy all-gathers and computes in, or None."""
+        if self.gpus > 1 and self.mixed and not self.fsdp_autocast:
+            return self.compute_dtype_name
+        return None
 
     @property
     def pure_low_precision(self) -> bool:

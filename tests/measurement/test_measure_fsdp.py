@@ -1,6 +1,8 @@
 """`apply_` with FSDP2 over two CPU processes (gloo), measured with `memfit.measure`: each rank
 holds its shard of the parameters and of the optimizer state, to the byte; and memfit's
-estimate for 2 GPUs (FSDP2 traced over a fake process group) gives rank 0's peak."""
+estimate for 2 GPUs (FSDP2 traced over a fake process group) gives rank 0's peak, in fp32 and
+in bf16-mixed, which with several GPUs means FSDP2's MixedPrecisionPolicy (bf16 all-gathers and
+compute, fp32 gradient reduction and shards, no autocast)."""
 
 from __future__ import annotations
 
@@ -28,18 +30,22 @@ def gpt2() -> torch.nn.Module:
     return transformers.GPT2LMHeadModel._from_config(cfg, attn_implementation="eager")
 
 
-def _worker(rank: int, port: int, out: str) -> None:
+def _worker(rank: int, port: int, out: str, precision: str) -> None:
     import torch.distributed as dist
 
     import memfit
-    from memfit.techniques import FSDPConfig, OptimizerConfig
+    import memfit.techniques
+    from memfit.techniques import FSDPConfig
 
     dist.init_process_group(
         "gloo", rank=rank, world_size=WORLD, init_method=f"tcp://127.0.0.1:{port}"
     )
     try:
         model = gpt2()
-        setup = memfit.apply_(model, [FSDPConfig(), OptimizerConfig(name="adamw")])
+        w = memfit.Workload(batch_size=4, seq_len=32, gpus=WORLD, precision=precision)
+        setup = memfit.apply_(model, w)
+        assert any(isinstance(c, FSDPConfig) for c in memfit.techniques.configs_from_workload(w))
+        assert setup.autocast_dtype is None  # FSDP2 casts; no autocast over it
         ids = torch.randint(0, 64, (4, 32), generator=torch.Generator().manual_seed(rank))
         with memfit.measure(model, setup.optimizer) as m:
             for _ in range(2):
@@ -51,15 +57,25 @@ def _worker(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory) -> Path:
-    """Two ranks trained and measured once for the tests below: one JSON per rank."""
+def _spawn(tmp_path_factory, precision: str) -> Path:
     out = tmp_path_factory.mktemp("fsdp")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_worker, args=(port, str(out)), nprocs=WORLD)
+    mp.spawn(_worker, args=(port, str(out), precision), nprocs=WORLD)
     return out
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    """Two fp32 ranks trained and measured once for the tests below: one JSON per rank."""
+    return _spawn(tmp_path_factory, "fp32")
+
+
+@pytest.fixture(scope="module")
+def measured_bf16(tmp_path_factory) -> Path:
+    """The same two ranks in bf16-mixed (FSDP2's MixedPrecisionPolicy)."""
+    return _spawn(tmp_path_factory, "bf16-mixed")
 
 
 def test_fsdp2_ranks_hold_their_shards(measured):
@@ -79,11 +95,15 @@ def test_fsdp2_ranks_hold_their_shards(measured):
         assert got["optimizer_state"] == 2 * got["parameters"] + 512 * len(params)
 
 
-def test_estimate_for_two_gpus_equals_a_measured_rank(measured):
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_estimate_for_two_gpus_equals_a_measured_rank(precision, request):
     import memfit
 
+    measured = request.getfixturevalue("measured" if precision == "fp32" else "measured_bf16")
     got = json.loads(Path(measured, "0.json").read_text())
-    w = memfit.Workload(batch_size=4, seq_len=32, attention="eager", gpus=WORLD)
+    w = memfit.Workload(
+        batch_size=4, seq_len=32, attention="eager", gpus=WORLD, precision=precision
+    )
     est = memfit.estimate(gpt2(), w).profile
     n_params = len(list(gpt2().parameters()))
     # On CUDA, foreach AdamW's step counters are host memory (left out of the estimate); on

@@ -157,3 +157,21 @@ def test_plan_over_two_gpus_shards_with_fsdp():
     est = memfit.estimate("gpt2", w, gpu="t4")
     assert est.profile.peak_allocated_bytes == p.best.estimate.profile.peak_allocated_bytes
     assert "FSDP over 2 GPUs" in technique_labels(w)
+
+
+def test_nothing_fits_without_pure_precision_widens_the_search_and_says_so():
+    # gpt2 at 2 x 128 on a 2000 MiB budget: bf16-mixed keeps fp32 master weights and fp32
+    # gradients (8 B/param before any optimizer state) and does not fit; pure bf16 does.
+    from memfit.planner.render import plan_to_json, render_plan
+
+    goal = Goal(global_batch=2, seq_len=128)
+    p = plan("gpt2", gpu="a100-80gb@2000MiB", goal=goal)
+    assert p.widened == ("pure-precision",)
+    assert p.best is not None and p.best.workload.precision == "bf16-true"
+    assert "nothing fits without pure-precision" in render_plan(p)
+    assert plan_to_json(p)["widened"] == ["pure-precision"]
+    refused = plan("gpt2", gpu="a100-80gb@2000MiB", goal=goal, forbid=("pure-precision",))
+    assert refused.best is None and refused.widened == ()
+    text = " ".join(refused.suggestions)
+    assert "not modelled" not in text
+    assert "--gpus 2" in text and "--allow lora" in text and "--allow pure-precision" not in text

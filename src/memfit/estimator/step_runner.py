@@ -275,7 +275,7 @@ def _traced_model(
         checkpoint_blocks(model, chosen)
     if mesh is not None:
         with fake_mode:
-            shard_model(model, FSDPConfig(), mesh=mesh)
+            shard_model(model, FSDPConfig(param_dtype=w.fsdp_param_dtype), mesh=mesh)
     model.train(w.training)
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "use_cache"):
@@ -288,7 +288,7 @@ def _emulate_cuda(
 ) -> CudaEmulation:
     """The CUDA emulation, switched on in each forward region (and checkpoint recompute)."""
     emulation = CudaEmulation(
-        dtype=low if w.mixed else None,
+        dtype=low if w.autocast else None,
         capability=capability,
         enabled=tracker.in_forward_region,
         on_attention=tracker.attention_backends.append,

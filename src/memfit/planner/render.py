@@ -81,6 +81,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             "optimizer": plan.goal.optimizer,
         },
         "fits": plan.best is not None,
+        "widened": list(plan.widened),
         "best": _candidate_json(plan.best) if plan.best else None,
         "pareto": [_candidate_json(c) for c in plan.pareto],
         "baseline": _candidate_json(plan.baseline) if plan.baseline else None,
@@ -129,6 +130,13 @@ def render_plan(plan: Plan) -> str:
             "(estimates: the ranking is the point)",
             f"  at the peak ({p.peak_phase}): {_top_categories(b)}",
         ]
+        if plan.widened:
+            names = ", ".join(plan.widened)
+            lines.append(
+                f"  nothing fits without {names}, so the plan uses it: it changes the numerics "
+                "(16-bit weights, gradients and optimizer state, no fp32 master copy). Accept "
+                f"it with --allow {names}, or refuse it with --forbid {names}."
+            )
         if plan.other_optimizer is not None:
             o = plan.other_optimizer
             lines.append(

@@ -31,14 +31,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from memfit.cuda.target import get_gpu, list_gpus
+from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError, TraceError, closest
 from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.estimator.estimate import Estimate, estimate, estimate_from_trace, trace_spec
 from memfit.estimator.step_runner import Trace
 from memfit.models.sources import ModelSpec, resolve_model
+from memfit.planner.advice import what_would_fit
 from memfit.planner.cost import StepCost, StepWork, step_cost
-from memfit.units import format_bytes
 from memfit.workload import LoraConfig, Workload
 
 #: Techniques the planner can use, by the name `allow` / `forbid` take.
@@ -57,6 +57,10 @@ TECHNIQUES = {
 #: Techniques that change the model, what is trained, or its numerics (no fp32 master
 #: weights): used only when allowed explicitly.
 OPT_IN = frozenset({"tied-embeddings", "lora", "pure-precision"})
+#: Opt-in techniques searched anyway when nothing fits without them, because they keep the
+#: model and what is trained (pure bf16 is how torchtune fine-tunes full models); the plan says
+#: so, and `--forbid` refuses them. LoRA and tied embeddings change the model: suggested only.
+WIDEN_WHEN_NOTHING_FITS = frozenset({"pure-precision"})
 #: LoRA rank the planner tries when LoRA is allowed.
 PLAN_LORA_RANK = 16
 
@@ -127,6 +131,9 @@ class Plan:
     evaluated: int = 0
     traces: int = 0
     seconds: float = 0.0
+    #: Opt-in techniques the search added because nothing fitted without them (the
+    #: recommendation uses them; `--forbid` refuses them).
+    widened: tuple[str, ...] = ()
 
 
 def _divisors(n: int) -> list[int]:
@@ -328,8 +335,15 @@ class _Search:
 
 
 def _explore(
-    search: _Search, spec: ModelSpec, goal: Goal, gpu_obj: Any, allowed: set[str], n_gpus: int
-) -> None:
+    search: _Search,
+    spec: ModelSpec,
+    goal: Goal,
+    gpu_obj: Any,
+    allowed: set[str],
+    n_gpus: int,
+    *,
+    skip: frozenset[_Shape] | set[_Shape] = frozenset(),
+) -> set[_Shape]:
     """Evaluate the shapes and micro-batches that can win, pruning what cannot: a light shape
     that does not fit rules out every heavier one, and a shape whose largest micro-batch is
     already slower than the best fit is not searched further."""
@@ -339,7 +353,7 @@ def _explore(
     micro = _divisors(per_gpu) if "micro-batch" in allowed else [per_gpu]
     failed: list[_Shape] = []
     best_seconds = float("inf")
-    shapes = _shapes(goal, allowed, gpu_obj, spec)
+    shapes = [s for s in _shapes(goal, allowed, gpu_obj, spec) if s not in skip]
     # Probe the lightest shapes at the smallest micro-batch first: a light shape that does not
     # fit rules out every heavier one before any of them is traced.
     lightest = [s for s in shapes if not any(_heavier(s, t) and s != t for t in shapes)]
@@ -373,6 +387,7 @@ def _explore(
                 hi = mid - 1
         if best_i < 0 and micro[0] == 1 and shape not in search.untraceable:
             failed.append(shape)
+    return set(shapes)
 
 
 def plan(
@@ -407,7 +422,13 @@ def plan(
             f"({spec.max_positions} positions)."
         )
     search = _Search(spec, goal, gpu_obj, n_gpus)
-    _explore(search, spec, goal, gpu_obj, allowed, n_gpus)
+    explored = _explore(search, spec, goal, gpu_obj, allowed, n_gpus)
+    widened: tuple[str, ...] = ()
+    extra = WIDEN_WHEN_NOTHING_FITS - allowed - set(forbid)
+    if extra and not any(c.fits for c in search.candidates):
+        _explore(search, spec, goal, gpu_obj, allowed | extra, n_gpus, skip=explored)
+        if any(c.fits for c in search.candidates):
+            widened = tuple(sorted(extra))
     fitting = [c for c in search.candidates if c.fits]
     best = min(fitting, key=lambda c: _preference(c, goal)) if fitting else None
     if best is not None and best.workload.checkpointing == "blocks" and spec.num_layers:
@@ -423,7 +444,8 @@ def plan(
     suggestions: list[str] = []
     if best is None:
         closest_miss = min(search.candidates, key=lambda c: c.device_total_bytes, default=None)
-        suggestions = _suggestions(spec, goal, gpu_obj, closest_miss)
+        decided = allowed | set(forbid)
+        suggestions = what_would_fit(spec, goal.seq_len, gpu_obj, closest_miss, decided, n_gpus)
     return Plan(
         model=spec.name,
         gpu=gpu_obj,
@@ -437,6 +459,7 @@ def plan(
         evaluated=len(search.candidates),
         traces=len(search.traces),
         seconds=time.perf_counter() - t0,
+        widened=widened,
     )
 
 
@@ -540,32 +563,4 @@ def pareto(cands: list[Candidate]) -> list[Candidate]:
     for c in sorted(cands, key=lambda c: (c.cost.seconds, c.device_total_bytes)):
         if not out or c.device_total_bytes < out[-1].device_total_bytes:
             out.append(c)
-    return out
-
-
-def _suggestions(spec: ModelSpec, goal: Goal, gpu: Any, miss: Candidate | None) -> list[str]:
-    out = []
-    if miss is not None:
-        need = miss.device_total_bytes
-        needs_bf16 = miss.workload.precision.startswith("bf16")
-        bigger = sorted(
-            (
-                g
-                for g in list_gpus()
-                if g.total_memory_bytes * 0.95 >= need and (g.bf16 or not needs_bf16)
-            ),
-            key=lambda g: g.total_memory_bytes,
-        )
-        if bigger:
-            out.append(
-                f"A GPU with at least {format_bytes(need)}: e.g. {bigger[0].name} "
-                f"({format_bytes(bigger[0].total_memory_bytes)})."
-            )
-        out.append(
-            f"The closest configuration needs {format_bytes(need)} on the device; "
-            f"{gpu.name} has {format_bytes(gpu.total_memory_bytes)}."
-        )
-    if goal.seq_len and goal.seq_len > 128:
-        out.append(f"A shorter sequence (`memfit max-seq {spec.name} --gpu {gpu.name}`).")
-    out.append("More GPUs with sharding (not modelled yet), or allow LoRA (--allow lora).")
     return out

@@ -54,7 +54,7 @@ def configs_from_workload(w: Workload, *, lr: float = DEFAULT_LR) -> list[Techni
     if w.tie_embeddings:
         out.append(TieEmbeddingsConfig())
     if w.gpus > 1:
-        out.append(FSDPConfig(world_size=w.gpus))
+        out.append(FSDPConfig(world_size=w.gpus, param_dtype=w.fsdp_param_dtype))
     if w.precision != "fp32":
         out.append(PrecisionConfig(precision=w.precision))
     return out

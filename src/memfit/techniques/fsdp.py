@@ -13,6 +13,8 @@ from memfit.errors import BadInputError
 from memfit.models.structure import find_repeated_blocks
 from memfit.techniques.registry import Build, handler
 
+_PARAM_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
 
 @dataclass(frozen=True, kw_only=True)
 class FSDPConfig:
@@ -24,10 +26,23 @@ class FSDPConfig:
             (ZeRO-3); False keeps them until backward (ZeRO-2-like, more memory, less traffic).
         world_size: the number of ranks the plan was made for (for reports; sharding uses the
             process group it finds).
+        param_dtype: with a "-mixed" precision, FSDP2's `MixedPrecisionPolicy(param_dtype=...,
+            reduce_dtype=torch.float32)`: parameters are all-gathered and used in this dtype
+            ("bfloat16" or "float16"), gradients reduce-scattered in fp32 onto fp32 shards,
+            and no autocast runs. None keeps the parameters' own dtype (autocast, if any, runs
+            over fp32 all-gathers).
     """
 
     reshard_after_forward: bool = True
     world_size: int | None = None
+    param_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.param_dtype not in (None, *_PARAM_DTYPES):
+            raise BadInputError(
+                f"FSDPConfig.param_dtype must be one of {list(_PARAM_DTYPES)} or None, got "
+                f"{self.param_dtype!r}."
+            )
 
     @property
     def label(self) -> str:
@@ -48,18 +63,26 @@ def shard_model(model: torch.nn.Module, config: FSDPConfig, *, mesh: Any = None)
             "FSDP needs an initialised process group: launch with `torchrun --nproc-per-node N "
             "train.py` and call torch.distributed.init_process_group() before apply_."
         )
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     if isinstance(model, FSDPModule):
         return
+    options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": config.reshard_after_forward}
+    if config.param_dtype is not None:
+        options["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=_PARAM_DTYPES[config.param_dtype], reduce_dtype=torch.float32
+        )
     for path in find_repeated_blocks(model):
         block = model.get_submodule(path)
         if not isinstance(block, FSDPModule):
-            fully_shard(block, mesh=mesh, reshard_after_forward=config.reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=config.reshard_after_forward)
+            fully_shard(block, **options)
+    fully_shard(model, **options)
 
 
 @handler
 def _fsdp(config: FSDPConfig, build: Build) -> None:
     shard_model(build.model, config)
+    if config.param_dtype is not None:
+        # FSDP2 casts the gathered parameters itself; autocast on top would be a second policy.
+        build.autocast_dtype = None
     build.applied.append(config.label)

@@ -1,0 +1,56 @@
+"""What would make a plan fit when nothing does: a bigger GPU, a shorter sequence, more GPUs,
+or the opt-in techniques the user has not decided on yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memfit.cuda.target import list_gpus
+from memfit.models.sources import ModelSpec
+from memfit.units import format_bytes
+
+
+def what_would_fit(
+    spec: ModelSpec,
+    seq_len: int | None,
+    gpu: Any,
+    miss: Any,
+    decided: set[str],
+    n_gpus: int,
+) -> list[str]:
+    """What would make it fit; `decided`: the techniques allowed or forbidden already."""
+    out = []
+    if miss is not None:
+        need = miss.device_total_bytes
+        needs_bf16 = miss.workload.precision.startswith("bf16")
+        bigger = sorted(
+            (
+                g
+                for g in list_gpus()
+                if g.total_memory_bytes * 0.95 >= need and (g.bf16 or not needs_bf16)
+            ),
+            key=lambda g: g.total_memory_bytes,
+        )
+        if bigger:
+            out.append(
+                f"A GPU with at least {format_bytes(need)}: e.g. {bigger[0].name} "
+                f"({format_bytes(bigger[0].total_memory_bytes)})."
+            )
+        out.append(
+            f"The closest configuration needs {format_bytes(need)} on the device; "
+            f"{gpu.name} has {format_bytes(gpu.total_memory_bytes)}."
+        )
+    gpus = f" --gpus {n_gpus}" if n_gpus > 1 else ""
+    if seq_len and seq_len > 128:
+        out.append(f"A shorter sequence (`memfit max-seq {spec.name} --gpu {gpu.name}{gpus}`).")
+    out.append(
+        f"More GPUs (`--gpus {2 * n_gpus}`): FSDP2 shards parameters, gradients and optimizer "
+        "state over them."
+    )
+    opt_in = [f"--allow {name}" for name in ("pure-precision", "lora") if name not in decided]
+    if opt_in:
+        out.append(
+            "Techniques that change the training, if you accept that: " + ", ".join(opt_in) + "."
+        )
+    return out
