@@ -4,6 +4,7 @@ the saved weights load into the unmodified model, bad input is named."""
 from __future__ import annotations
 
 import copy
+import pickle
 
 import pytest
 import torch
@@ -261,7 +262,7 @@ def test_bad_configs():
         apply_(tiny_gpt2(), ["checkpointing"])
     with pytest.raises(memfit.BadInputError, match="match no parameter"):
         apply_(tiny_gpt2(), [FreezeConfig(prefixes=("encoder",))])
-    with pytest.raises(memfit.BadInputError, match="offload_optimizer needs a training"):
+    with pytest.raises(memfit.BadInputError, match="offload_optimizer"):
         apply_(tiny_gpt2(), memfit.Workload(offload_optimizer=True, mode="inference"))
     with pytest.raises(memfit.BadInputError, match="grad_accum is 4"):
         apply_(tiny_gpt2(), [AccumulationConfig(steps=4)]).step(batch(2))
@@ -446,3 +447,41 @@ def test_a_second_checkpoint_policy_is_refused():
     apply_(model, [CheckpointConfig()])
     with pytest.raises(memfit.BadInputError, match="already checkpointed with another policy"):
         apply_(model, [CheckpointConfig(policy="selective")])
+
+
+# ------------------------------------------------------------- what any trainer gets
+
+
+def test_mixed_precision_is_on_the_model_so_any_trainer_gets_it():
+    # HF Trainer, Lightning or a user's loop call model(...) themselves, without setup.step:
+    # the forward itself runs under autocast, so the logits come out in bf16.
+    model = tiny_gpt2()
+    setup = apply_(model, [PrecisionConfig(precision="bf16-mixed")])
+    ids = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+    assert model(input_ids=ids).logits.dtype == torch.bfloat16
+    assert next(model.parameters()).dtype == torch.float32  # fp32 master weights kept
+    apply_(model, [PrecisionConfig(precision="bf16-mixed")])  # idempotent: one wrapper
+    assert model.forward.args[1] is None  # the partial wraps the class forward, not itself
+    unpickled = pickle.loads(pickle.dumps(model))
+    assert unpickled(input_ids=ids).logits.dtype == torch.bfloat16
+    assert setup.notes == ()  # bf16-mixed leaves nothing to the caller
+
+
+def test_setup_says_what_it_leaves_to_the_caller_and_the_defaults_it_chose():
+    w = memfit.Workload(precision="fp16-mixed", grad_accum=4, optimizer="sgd")
+    setup = apply_(tiny_gpt2(), w)
+    assert setup.notes == (
+        "learning rate: memfit's default 0.001 (pass apply_(..., lr=)).",
+        "fp16 loss scaling: setup.step and setup.backward use setup.scaler; another trainer "
+        "must scale the loss itself (HF Trainer: fp16=True).",
+        "gradient accumulation: setup.step splits each batch into 4 micro-batches; another "
+        "trainer needs its own setting (HF Trainer: gradient_accumulation_steps=4).",
+        "the optimizer step: setup.step runs it; another trainer takes setup.optimizer "
+        "(HF Trainer: optimizers=(setup.optimizer, None)).",
+    )
+    assert "optimizer sgd, lr 0.001" in setup.techniques
+    chosen = apply_(tiny_gpt2(), w, lr=0.05)
+    assert chosen.optimizer.defaults["lr"] == 0.05
+    assert not any(n.startswith("learning rate") for n in chosen.notes)
+    with pytest.raises(memfit.BadInputError, match=r"OptimizerConfig\(lr=\.\.\.\)"):
+        apply_(tiny_gpt2(), [OptimizerConfig(name="sgd")], lr=0.05)

@@ -29,7 +29,9 @@ __all__ = [
     "CatalogModel",
     "build_model",
     "get_model",
+    "hf_config",
     "list_models",
+    "name_loss_type",
     "supported_tasks",
 ]
 
@@ -121,6 +123,10 @@ class CatalogModel:
     repeated_layers_key: str | None
     """Config field holding the number of repeated blocks (what ``num_layers`` overrides);
     None for encoder-decoders and CNNs."""
+    tasks: tuple[str, ...] | None = None
+    """The tasks the model can be built for; None: memfit's table for its ``model_type``
+    (catalog entries). A config.json read by memfit.models.sources lists every task
+    transformers has a head for."""
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -130,6 +136,8 @@ class CatalogModel:
         frozen = MappingProxyType(copy.deepcopy(dict(self.config)))
         object.__setattr__(self, "config", frozen)
         object.__setattr__(self, "aliases", tuple(self.aliases))
+        if self.tasks is not None:
+            object.__setattr__(self, "tasks", tuple(self.tasks))
 
 
 _CATALOG: tuple[CatalogModel, ...] = tuple(CatalogModel(**e) for e in _catalog_data.ENTRIES)
@@ -180,7 +188,9 @@ def get_model(name: str) -> CatalogModel:
 def supported_tasks(entry: CatalogModel) -> tuple[str, ...]:
     """The tasks (heads) ``build_model`` can build for ``entry``, its default task first."""
     tasks: tuple[str, ...]
-    if entry.model_type is None:
+    if entry.tasks is not None:
+        tasks = entry.tasks
+    elif entry.model_type is None:
         tasks = _ZOO_TASKS
     else:
         tasks = _TASKS_BY_MODEL_TYPE.get(entry.model_type, (entry.task,))
@@ -264,7 +274,7 @@ def _build_hf(
     previous = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # config upgrade notices are noise for a catalog build
     try:
-        config = transformers.AutoConfig.for_model(entry.model_type, **kwargs)
+        config = hf_config(entry.model_type, kwargs, entry.name)
         with torch.device("meta"):
             try:
                 model = auto_class.from_config(
@@ -272,18 +282,50 @@ def _build_hf(
                 )
             except (ValueError, ImportError) as exc:
                 if attn_implementation != "sdpa" or "does not support" not in str(exc):
-                    raise BadInputError(
-                        f"cannot build {entry.name} with attn_implementation="
-                        f"{attn_implementation!r}: {exc}"
-                    ) from exc
+                    raise _build_error(entry.name, attn_implementation, exc) from exc
                 model = auto_class.from_config(config, dtype=dtype, attn_implementation="eager")
     finally:
         hf_logging.set_verbosity(previous)
-    if getattr(model, "loss_type", None) is None and task in _LOSS_TYPES:
-        # The loss transformers falls back to anyway for class names it does not map (e.g.
-        # GPT2LMHeadModel), named so that the forward does not warn about it.
-        model.loss_type = _LOSS_TYPES[task]
+    name_loss_type(model, task)
     return model
+
+
+def name_loss_type(model: torch.nn.Module, task: str) -> None:
+    """Name the loss transformers falls back to anyway for class names it does not map (e.g.
+    GPT2LMHeadModel), so that the forward does not warn about it. Changes nothing else."""
+    if getattr(model, "loss_type", None) is None and task in _LOSS_TYPES:
+        model.loss_type = _LOSS_TYPES[task]  # type: ignore[assignment]
+
+
+def hf_config(model_type: str, fields: Mapping[str, Any], origin: str) -> Any:
+    """``transformers.AutoConfig.for_model(model_type, **fields)``; a config transformers
+    rejects (a hidden size that is not a multiple of the number of heads, a field of the wrong
+    type) raises BadInputError naming `origin` (the model's name or config file) and the field.
+    """
+    import transformers
+    from huggingface_hub import errors as hub_errors
+
+    # transformers >= 5 validates configs as huggingface_hub strict dataclasses.
+    strict = getattr(hub_errors, "StrictDataclassError", ValueError)
+    try:
+        return transformers.AutoConfig.for_model(model_type, **fields)
+    except (ValueError, TypeError, strict) as exc:
+        reason = str(exc.__cause__ if exc.__cause__ is not None else exc).rstrip(".")
+        raise BadInputError(
+            f"{origin}: transformers rejects this {model_type} config: {reason}. Fix that field."
+        ) from exc
+
+
+def _build_error(name: str, attn_implementation: str, exc: Exception) -> BadInputError:
+    """A model transformers would not build from a valid config: an attention implementation
+    it does not have for the architecture, or an inconsistency only the layers check
+    (BERT's hidden size against its heads)."""
+    if attn_implementation in str(exc):
+        return BadInputError(
+            f"cannot build {name} with attn_implementation={attn_implementation!r}: {exc}"
+        )
+    reason = str(exc).rstrip(".")
+    return BadInputError(f"transformers cannot build {name}: {reason}. Fix that field.")
 
 
 #: transformers' LOSS_MAPPING keys for the heads memfit builds.

@@ -4,17 +4,21 @@
 memfit builds it, so a 70B model costs nothing), make a batch of inputs, and compute the loss.
 Sources accepted:
 - a catalog name ("llama-2-7b", see `memfit models`);
-- a path to an HF `config.json`, or to a directory holding one (task from `architectures`, or
-  `task=`);
+- a path to an HF `config.json`, or to a directory holding one;
 - "path/to/file.py:build" or "package.module:build": a function returning an nn.Module, with an
-  optional `make_batch(batch_size)` beside it ("file.py:build:make_batch" names it explicitly);
+  optional `make_batch(batch_size[, seq_len])` beside it ("file.py:build:make_batch" names it
+  explicitly; see memfit.models.factory for how the file is imported);
 - an nn.Module, or a zero-argument callable returning one.
+
+The same transformers model is the same step whatever the source: a `LlamaForCausalLM` named
+from the catalog, read from a config.json, returned by a factory or passed in gets the same batch
+(`input_ids` and `labels`) and the same loss (the model's own, `output.loss`). Its task is read
+from transformers' Auto mappings (memfit.models.hf_tasks), not guessed from a class name.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -27,19 +31,36 @@ from typing import Any
 import torch
 
 from memfit.errors import BadInputError
-from memfit.models.catalog import CatalogModel, build_model, get_model, supported_tasks
+from memfit.models.catalog import (
+    TASKS,
+    CatalogModel,
+    build_model,
+    get_model,
+    hf_config,
+    name_loss_type,
+    supported_tasks,
+)
+from memfit.models.factory import in_script, load_functions, script_of
+from memfit.models.hf_tasks import (
+    check_model_type,
+    default_task,
+    input_kind_of,
+    max_positions_of,
+    task_of_class,
+    tasks_of_model_type,
+)
 
-# HF `architectures` suffixes -> memfit task names.
-_ARCH_SUFFIX_TO_TASK = (
-    ("ForCausalLM", "causal-lm"),
-    ("LMHeadModel", "causal-lm"),
-    ("ForMaskedLM", "masked-lm"),
-    ("ForPreTraining", "masked-lm"),
-    ("ForSequenceClassification", "seq-classification"),
-    ("ForTokenClassification", "token-classification"),
-    ("ForConditionalGeneration", "seq2seq-lm"),
-    ("ForImageClassification", "image-classification"),
-    ("Model", "base"),
+__all__ = ["ModelSpec", "load_functions", "resolve_model"]
+
+#: Parameters of a user's `make_batch` that memfit fills from the workload, by name.
+SEQ_LEN_PARAMETER = "seq_len"
+IMAGE_SIZE_PARAMETER = "image_size"
+
+_NO_LOSS_NOTE = (
+    "{what}, so memfit does not know its loss: the backward starts from the output's own .loss "
+    "(or the output itself when it is a scalar) when there is one, else from the sum of its "
+    "first output that requires grad. A sum holds nothing of its own, so a real loss's memory "
+    "is left out (a cross-entropy over logits holds about two more logits-sized tensors)."
 )
 
 
@@ -51,14 +72,42 @@ class ModelSpec:
         name: display name.
         build: `build(num_layers, attention)` returns the model; `num_layers` (or None for
             all) shortens the stack of repeated blocks when `can_shorten` is true; `attention`
-            ("sdpa" or "eager") picks the attention implementation of models memfit builds.
+            ("sdpa" or "eager") picks the attention implementation of models memfit builds
+            from a name or a config. A model built by the user's factory, or passed in, keeps
+            the attention implementation it was built with.
         owns_model: True when memfit built the model and may change it in place.
-        input_kind: "tokens", "seq2seq-tokens", "image", "audio" or "custom".
-        task: the head, e.g. "causal-lm".
-        make_batch: user input factory `make_batch(batch_size)`, or None.
+        input_kind: "tokens", "seq2seq-tokens", "image", "audio" or "custom" (no inputs memfit
+            can make: a `make_batch` is needed).
+        task: the head, e.g. "causal-lm"; "custom" for a model memfit has no task for.
+        make_batch: the user's input factory, or None (memfit makes the batch for `task`).
+            It is called `make_batch(batch_size)`, with `seq_len=` when it has a parameter
+            named `seq_len` and with `image_size=` when it has one named `image_size`. Such a
+            batch is the user's, so its shape is too: a workload's `seq_len` (or
+            `image_size`) is passed to a make_batch that takes it, and one that does not
+            take it raises BadInputError rather than being reported and not used (see
+            `user_batch`).
         max_positions: longest sequence the model accepts, or None.
         num_layers: number of repeated blocks of the full model, when known.
-        loss: "hf" (use output.loss), "cross_entropy" (logits vs class labels) or "sum".
+        loss: how the traced loss is computed:
+            "hf": the loss is the model's own `output.loss` (a transformers head; memfit's
+            batches carry labels, a make_batch's must too: an output without a loss is a
+            TraceError);
+            "cross_entropy": cross-entropy of the logits against the batch's class labels
+            (memfit.models.zoo CNNs);
+            "sum": the documented fallback for a model whose loss memfit does not know
+            (a model of the user's own, a transformers model without a head): the output's
+            own `.loss` or a scalar output when there is one, else the sum of its first output
+            that requires grad. `notes` says so.
+        image_size: side of the input image for vision models, when the config gives it.
+        notes: what the estimate of this model assumes that a user should know (the loss
+            fallback); reports list them with the estimate's notes.
+
+    Known limits: a factory is called once when resolved (to read its model's class and
+    config) and again for each trace, so it should build a fresh model each time; a factory's
+    or a module's model cannot be shortened, so it is traced whole (exact, slower than the
+    catalog's replay of 3 blocks for deep models); the inputs memfit makes are token ids,
+    pixels and log-mel frames: other inputs (raw audio, several modalities) need a
+    `make_batch`.
     """
 
     name: str
@@ -66,33 +115,96 @@ class ModelSpec:
     owns_model: bool
     input_kind: str
     task: str
-    make_batch: Callable[[int], Any] | None = None
+    make_batch: Callable[..., Any] | None = None
     max_positions: int | None = None
     num_layers: int | None = None
     can_shorten: bool = False
     loss: str = "hf"
     image_size: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def batch_is_user_defined(self) -> bool:
+        """True when the batch (and so its shape) comes from the user's `make_batch`."""
+        return self.make_batch is not None
+
+    @property
+    def batch_takes_seq_len(self) -> bool:
+        """True when the user's `make_batch` has a `seq_len` parameter, so `--seq` sizes its
+        batch; False without a make_batch (memfit's own batches always take it)."""
+        return self.make_batch is not None and _parameter(self.make_batch, SEQ_LEN_PARAMETER)
+
+    @property
+    def batch_takes_image_size(self) -> bool:
+        """True when the user's `make_batch` has an `image_size` parameter."""
+        return self.make_batch is not None and _parameter(self.make_batch, IMAGE_SIZE_PARAMETER)
+
+    def user_batch(self, batch_size: int, seq_len: int | None, image_size: int | None) -> Any:
+        """The user's batch: `make_batch(batch_size)`, with `seq_len=` / `image_size=` when it
+        takes them and they are given. A size given to a make_batch that cannot take it raises
+        BadInputError, as does a make_batch that needs a size not given."""
+        assert self.make_batch is not None
+        kwargs: dict[str, int] = {}
+        for pname, value, flag in (
+            (SEQ_LEN_PARAMETER, seq_len, "--seq"),
+            (IMAGE_SIZE_PARAMETER, image_size, "--image-size"),
+        ):
+            takes = _parameter(self.make_batch, pname)
+            if value is not None and not takes:
+                raise BadInputError(
+                    f"{flag} {value} ({pname}={value}) cannot be honoured for {self.name!r}: "
+                    f"its make_batch{_signature(self.make_batch)} makes the batch, of its own "
+                    f"shape. Drop {flag}, or give make_batch a {pname} parameter, e.g. "
+                    f"def make_batch(batch_size, {pname}), and memfit passes it."
+                )
+            if value is not None:
+                kwargs[pname] = value
+            elif takes and _parameter_is_required(self.make_batch, pname):
+                raise BadInputError(
+                    f"The make_batch of {self.name!r} needs {pname} "
+                    f"(make_batch{_signature(self.make_batch)}), and none was given: pass "
+                    f"{flag} (or {pname}= in the Workload), or give the parameter a default."
+                )
+        return self.make_batch(batch_size, **kwargs)
+
+
+def _parameter(fn: Callable[..., Any], name: str) -> bool:
+    """Whether `fn` takes a parameter `name` by keyword."""
+    try:
+        p = inspect.signature(fn).parameters.get(name)
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+
+
+def _parameter_is_required(fn: Callable[..., Any], name: str) -> bool:
+    return inspect.signature(fn).parameters[name].default is inspect.Parameter.empty
+
+
+def _signature(fn: Callable[..., Any]) -> str:
+    try:
+        return str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return "(...)"
 
 
 def resolve_model(source: Any, *, task: str | None = None) -> ModelSpec:
-    """Turn whatever the user gave into a `ModelSpec`; bad input raises BadInputError."""
+    """Turn whatever the user gave into a `ModelSpec`; bad input raises BadInputError.
+
+    `task` picks the head of a catalog name or a config.json among those transformers has for
+    its model type; without it, a catalog entry's default, or for a config.json the rule of
+    memfit.models.hf_tasks.default_task (its `architectures`, else the head transformers
+    pretrains the model type with, else its one training objective; several: BadInputError
+    asking for the task). A model a factory returns, or one passed in, has its head already:
+    `task` may only repeat it.
+    """
     if isinstance(source, ModelSpec):
         return source
     if isinstance(source, torch.nn.Module):
-        module = source
-        hf = _is_hf(module)
-        return ModelSpec(
-            name=type(module).__name__,
-            build=lambda _n, _a: module,
-            owns_model=False,
-            input_kind=_guess_input_kind(module),
-            task=task or (_task_of_class(type(module).__name__) if hf else "custom"),
-            loss="hf" if hf else "sum",
-            max_positions=_max_positions(module) if hf else None,
-        )
+        return _from_module(source, task)
     if callable(source) and not isinstance(source, str):
-        return _from_factory(source, None, getattr(source, "__name__", "model"))
+        return _from_factory(source, None, getattr(source, "__name__", "model"), task)
     if not isinstance(source, (str, os.PathLike)):
         raise BadInputError(
             f"Cannot use {source!r} as a model: pass a catalog name, a config.json path, "
@@ -107,7 +219,12 @@ def resolve_model(source: Any, *, task: str | None = None) -> ModelSpec:
             raise BadInputError(f"Config file {text!r} does not exist.")
         return _from_hf_config(path, task)
     if ":" in text and not _looks_like_windows_drive(text):
-        return _from_factory_string(text)
+        fn, make_batch = load_functions(text)
+        file = script_of(text)
+        if file is not None:  # build and make_batch run as the file's own code would
+            fn = in_script(fn, file)
+            make_batch = in_script(make_batch, file) if make_batch is not None else None
+        return _from_factory(fn, make_batch, text, task)
 
     return _from_catalog(get_model(text), task)
 
@@ -116,36 +233,10 @@ def _looks_like_windows_drive(text: str) -> bool:
     return len(text) > 2 and text[1] == ":" and text[0].isalpha() and text[2] in "\\/"
 
 
-def _task_of_class(name: str) -> str:
-    """HF class name -> task: "LlamaForCausalLM" -> "causal-lm" (see _ARCH_SUFFIX_TO_TASK)."""
-    for suffix, t in _ARCH_SUFFIX_TO_TASK:
-        if name.endswith(suffix):
-            return t
-    return "custom"
+# ----------------------------------------------------------------------------- catalog, config
 
 
-def _max_positions(module: torch.nn.Module) -> int | None:
-    cfg = getattr(module, "config", None)
-    value = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
-    return int(value) if isinstance(value, int) else None
-
-
-def _is_hf(module: torch.nn.Module) -> bool:
-    return hasattr(module, "config") and hasattr(module, "can_generate")
-
-
-def _guess_input_kind(module: torch.nn.Module) -> str:
-    cfg = getattr(module, "config", None)
-    if cfg is None:
-        return "custom"
-    if getattr(cfg, "is_encoder_decoder", False):
-        return "seq2seq-tokens"
-    if hasattr(cfg, "image_size") and hasattr(cfg, "num_channels"):
-        return "image"
-    return "tokens"
-
-
-def _from_catalog(entry: Any, task: str | None) -> ModelSpec:
+def _from_catalog(entry: CatalogModel, task: str | None) -> ModelSpec:
     chosen = task or entry.task
     if chosen not in supported_tasks(entry):
         raise BadInputError(
@@ -158,6 +249,12 @@ def _from_catalog(entry: Any, task: str | None) -> ModelSpec:
     def build(n: int | None, attention: str) -> torch.nn.Module:
         return build_model(entry, task=chosen, num_layers=n, attn_implementation=attention)
 
+    loss, notes = "hf", []
+    if entry.model_type is None:
+        loss = "cross_entropy"
+    elif chosen == "base":
+        loss = "sum"
+        notes.append(_NO_LOSS_NOTE.format(what=f"{entry.name} is built without a head (base)"))
     return ModelSpec(
         name=entry.name,
         build=build,
@@ -167,122 +264,176 @@ def _from_catalog(entry: Any, task: str | None) -> ModelSpec:
         max_positions=entry.max_positions,
         num_layers=num_layers,
         can_shorten=key is not None,
-        loss="cross_entropy" if entry.model_type is None else "hf",
+        loss=loss,
         image_size=entry.image_size,
         extra={"entry": entry},
+        notes=notes,
     )
 
 
 def _from_hf_config(path: Path, task: str | None) -> ModelSpec:
+    origin = str(path)
     try:
-        cfg = json.loads(path.read_text())
+        raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise BadInputError(f"Cannot read HF config {str(path)!r}: {e}") from e
-    model_type = cfg.get("model_type")
+        raise BadInputError(f"Cannot read HF config {origin!r}: {e}") from e
+    model_type = raw.get("model_type")
     if not model_type:
         raise BadInputError(
-            f"{str(path)!r} has no 'model_type' field, so transformers cannot tell which "
+            f"{origin!r} has no 'model_type' field, so transformers cannot tell which "
             'architecture it describes. Add e.g. "model_type": "llama".'
         )
-    default_task = "causal-lm"
-    for arch in cfg.get("architectures") or []:
-        for suffix, t in _ARCH_SUFFIX_TO_TASK:
-            if arch.endswith(suffix):
-                default_task = t
-                break
-        break
-    layers_key = next((k for k in ("num_hidden_layers", "n_layer", "num_layers") if k in cfg), None)
-    if cfg.get("is_encoder_decoder"):
-        layers_key = None
-    input_kind = "tokens"
-    if cfg.get("is_encoder_decoder"):
-        input_kind = "audio" if "num_mel_bins" in cfg else "seq2seq-tokens"
-    elif "image_size" in cfg and "num_channels" in cfg:
-        input_kind = "image"
+    check_model_type(model_type, origin)
+    fields = {k: v for k, v in raw.items() if k not in ("architectures", "model_type")}
+    config = hf_config(model_type, fields, origin)
+    available = tasks_of_model_type(model_type)
+    chosen = task or default_task(model_type, config, list(raw.get("architectures") or []), origin)
+    if chosen not in available:
+        known = "" if chosen in TASKS else f" memfit's tasks are: {', '.join(TASKS)}."
+        raise BadInputError(
+            f"{origin}: task {chosen!r} is not available for model_type {model_type!r}; "
+            f"transformers has: {', '.join(available) or 'no head memfit trains'}.{known}"
+        )
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
+    layers_key = None
+    if not encoder_decoder:
+        layers_key = next((k for k in ("num_hidden_layers", "n_layer", "num_layers") if k in raw),
+                          None)  # fmt: skip
+    input_kind = input_kind_of(chosen, model_type, config)
+    image_size = getattr(config, "image_size", None) if input_kind == "image" else None
     entry = CatalogModel(
-        name=path.parent.name or str(path),
+        name=path.parent.name if path.name == "config.json" and path.parent.name else path.stem,
         hf_id=None,
         model_type=model_type,
-        task=default_task,
-        config={k: v for k, v in cfg.items() if k not in ("architectures", "model_type")},
+        task=chosen,
+        tasks=available,
+        config=fields,
         parameter_count=0,
         input_kind=input_kind,
-        max_positions=cfg.get("max_position_embeddings") or cfg.get("n_positions"),
-        image_size=cfg.get("image_size"),
+        max_positions=max_positions_of(config, input_kind),
+        image_size=image_size if isinstance(image_size, int) else None,
         repeated_layers_key=layers_key,
     )
-    return _from_catalog(entry, task)
+    spec = _from_catalog(entry, chosen)
+    catalog_build = spec.build
 
-
-def load_functions(text: str) -> tuple[Callable[..., Any], Callable[..., Any] | None]:
-    """ "file.py:fn[:make_batch]" (or "package.module:fn[:make_batch]") -> the functions.
-
-    Without a third part, a `make_batch` beside `fn` is returned if the file has one.
-    """
-    parts = text.split(":")
-    if len(parts) < 2 or not parts[1]:
-        raise BadInputError(
-            f"{text!r} names no function: write file.py:function (e.g. train.py:build)."
-        )
-    target, fn_name = parts[0], parts[1]
-    batch_name = parts[2] if len(parts) > 2 else None
-    if target.endswith(".py"):
-        file = Path(target)
-        if not file.is_file():
-            raise BadInputError(f"File {target!r} does not exist.")
-        mod_name = "memfit_user_" + file.stem
-        spec = importlib.util.spec_from_file_location(mod_name, file)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module
+    def build(n: int | None, attention: str) -> torch.nn.Module:
         try:
-            spec.loader.exec_module(module)
-        except Exception as e:
-            raise BadInputError(
-                f"Importing {target!r} raised {type(e).__name__}; its traceback:\n"
-                + traceback.format_exc()
-            ) from e
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as e:
-            raise BadInputError(f"Cannot import module {target!r}: {e}") from e
-    fn = getattr(module, fn_name, None)
-    if not callable(fn):
-        raise BadInputError(f"{target!r} has no function {fn_name!r}.")
-    make_batch = getattr(module, batch_name or "make_batch", None)
-    if batch_name and not callable(make_batch):
-        raise BadInputError(f"{target!r} has no function {batch_name!r}.")
-    return fn, make_batch if callable(make_batch) else None
+            return catalog_build(n, attention)
+        except BadInputError as e:
+            raise BadInputError(f"{origin}: {e}") from e
+
+    spec.build = build
+    return spec
 
 
-def _from_factory_string(text: str) -> ModelSpec:
-    fn, make_batch = load_functions(text)
-    return _from_factory(fn, make_batch, text)
+# ----------------------------------------------------------------------------- modules
 
 
-def _from_factory(fn: Callable[[], Any], make_batch: Any, name: str) -> ModelSpec:
-    def build(_n: int | None, _attention: str) -> torch.nn.Module:
-        try:
-            with torch.device("meta"):
-                model = fn()
-        except Exception as e:
-            raise BadInputError(
-                f"The model factory {name!r} raised {type(e).__name__}; its traceback:\n"
-                + traceback.format_exc()
-            ) from e
-        if not isinstance(model, torch.nn.Module):
-            raise BadInputError(
-                f"The model factory {name!r} returned {type(model).__name__}, not an nn.Module."
-            )
-        return model
-
+def _from_module(module: torch.nn.Module, task: str | None) -> ModelSpec:
+    name = type(module).__name__
     return ModelSpec(
         name=name,
-        build=build,
-        owns_model=True,
-        input_kind="custom" if make_batch else "tokens",
-        task="custom",
-        make_batch=make_batch,
-        loss="sum",
+        build=lambda _n, _a: module,
+        owns_model=False,
+        **_module_fields(module, name, task),
     )
+
+
+def _from_factory(
+    fn: Callable[[], Any], make_batch: Callable[..., Any] | None, name: str, task: str | None
+) -> ModelSpec:
+    probe = _call_factory(fn, name)
+    fields = _module_fields(probe, name, task)
+    del probe
+
+    def build(_n: int | None, _attention: str) -> torch.nn.Module:
+        model = _call_factory(fn, name)
+        if fields["loss"] == "hf":
+            name_loss_type(model, fields["task"])
+        return model
+
+    return ModelSpec(name=name, build=build, owns_model=True, make_batch=make_batch, **fields)
+
+
+def _call_factory(fn: Callable[[], Any], name: str) -> torch.nn.Module:
+    """`fn()` on the meta device; its errors (and a SystemExit) are BadInputError."""
+    try:
+        with torch.device("meta"):
+            model = fn()
+    except SystemExit as e:
+        raise BadInputError(
+            f"The model factory {name!r} exited (SystemExit: {e.code!r}) instead of returning "
+            "a model; its traceback:\n" + traceback.format_exc()
+        ) from None
+    except Exception as e:
+        raise BadInputError(
+            f"The model factory {name!r} raised {type(e).__name__}; its traceback:\n"
+            + traceback.format_exc()
+        ) from e
+    if not isinstance(model, torch.nn.Module):
+        raise BadInputError(
+            f"The model factory {name!r} returned {type(model).__name__}, not an nn.Module."
+        )
+    return model
+
+
+def _module_fields(module: torch.nn.Module, name: str, task: str | None) -> dict[str, Any]:
+    """What a built model says of its task, inputs and loss (ModelSpec fields)."""
+    hf = _hf_model(module)
+    cls = type(hf if hf is not None else module).__name__
+    if hf is None:
+        if task is not None:
+            raise BadInputError(
+                f"--task {task!r} cannot apply to {name!r}: it is a {cls}, not a transformers "
+                "model, so memfit has no head to choose. Drop --task and give a make_batch "
+                "beside the factory (file.py:build:make_batch)."
+            )
+        return {
+            "task": "custom",
+            "input_kind": "custom",
+            "loss": "sum",
+            "notes": [_NO_LOSS_NOTE.format(what=f"{name} ({cls}) is not a transformers model")],
+        }
+    config = hf.config
+    model_type = getattr(config, "model_type", None)
+    found = task_of_class(type(hf), model_type)
+    if task is not None and task != found:
+        raise BadInputError(
+            f"--task {task!r} cannot apply to {name!r}: it is a {cls}, whose head is "
+            f"{found or 'none memfit knows'}, and a model built outside memfit keeps its head. "
+            f"Drop --task, or build the model for {task!r}."
+        )
+    notes: list[str] = []
+    loss = "hf"
+    if found is None:
+        loss = "sum"
+        notes.append(_NO_LOSS_NOTE.format(what=f"{cls} is not a head of transformers' Auto "
+                                          "classes that memfit knows"))  # fmt: skip
+    elif found == "base":
+        loss = "sum"
+        notes.append(_NO_LOSS_NOTE.format(what=f"{cls} is a transformers model without a head"))
+    kind = input_kind_of(found or "base", model_type or "", config)
+    image_size = getattr(config, "image_size", None) if kind == "image" else None
+    return {
+        "task": found or "custom",
+        "input_kind": kind,
+        "loss": loss,
+        "max_positions": max_positions_of(config, kind),
+        "image_size": image_size if isinstance(image_size, int) else None,
+        "notes": notes,
+    }
+
+
+def _hf_model(module: torch.nn.Module) -> Any:
+    """The transformers PreTrainedModel `module` is, or wraps (a peft model), else None."""
+    mu = sys.modules.get("transformers.modeling_utils")
+    if mu is None:  # transformers' models not imported: none can have been built
+        return None
+    if isinstance(module, mu.PreTrainedModel):
+        return module
+    peft = sys.modules.get("peft")
+    if peft is not None and isinstance(module, peft.PeftModel):
+        base = module.get_base_model()
+        return base if isinstance(base, mu.PreTrainedModel) else None
+    return None

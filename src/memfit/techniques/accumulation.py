@@ -36,3 +36,8 @@ def _accumulate(config: AccumulationConfig, build: Build) -> None:
     build.grad_accum = config.steps
     if config.steps > 1:
         build.applied.append(config.label)
+        build.left_to_caller.append(
+            f"gradient accumulation: setup.step splits each batch into {config.steps} "
+            "micro-batches; another trainer needs its own setting (HF Trainer: "
+            f"gradient_accumulation_steps={config.steps})."
+        )

@@ -57,7 +57,7 @@ def apply_(
     plan_or_configs: Any,
     *,
     device: str | torch.device | None = None,
-    lr: float = DEFAULT_LR,
+    lr: float | None = None,
     loss_fn: Any = None,
 ) -> TrainSetup:
     """Apply a plan's techniques to `model` in place and return the training setup.
@@ -68,11 +68,24 @@ def apply_(
             (their techniques), one technique config, or a list of them (memfit.techniques).
         device: where the model runs; None keeps it where it is. With an embedding on the
             CPU, everything else goes to `device`.
-        lr: learning rate of the optimizer built from a plan or workload.
+        lr: learning rate of the optimizer built from a plan or workload. None uses
+            memfit's default (1e-3) and says so in `setup.notes`; with explicit configs it is
+            an error (set `OptimizerConfig(lr=...)` instead).
         loss_fn: `loss_fn(output, micro_batch) -> loss` for models whose output is not a loss
             (HF models given labels return one).
     """
-    configs = _configs(plan_or_configs, lr)
+    explicit = isinstance(plan_or_configs, _ORDER) or (
+        isinstance(plan_or_configs, Iterable) and not isinstance(plan_or_configs, (str, bytes))
+    )
+    if explicit and lr is not None:
+        raise BadInputError(
+            f"apply_(lr={lr!r}) sets the learning rate of an optimizer built from a plan or "
+            "workload; with technique configs, set it on the config: OptimizerConfig(lr=...)."
+        )
+    configs = _configs(plan_or_configs, DEFAULT_LR if lr is None else lr)
+    defaulted_lr = (
+        not explicit and lr is None and any(isinstance(c, OptimizerConfig) for c in configs)
+    )
     seen: dict[type, TechniqueConfig] = {}
     for c in configs:
         if type(c) in seen and seen[type(c)] != c:
@@ -96,6 +109,9 @@ def apply_(
     for c in ordered:
         if _ORDER.index(type(c)) >= cut:
             apply_one(c, build)
+    notes = list(build.left_to_caller)
+    if defaulted_lr:
+        notes.insert(0, f"learning rate: memfit's default {DEFAULT_LR:g} (pass apply_(..., lr=)).")
     return TrainSetup(
         model=model,
         optimizer=build.optimizer,
@@ -105,6 +121,7 @@ def apply_(
         device=target,
         techniques=tuple(build.applied),
         loss_fn=loss_fn,
+        notes=tuple(notes),
     )
 
 

@@ -11,6 +11,7 @@ import torch
 
 from memfit.errors import BadInputError
 from memfit.models.structure import find_repeated_blocks
+from memfit.techniques.precision import remove_autocast_forward
 from memfit.techniques.registry import Build, handler
 
 _PARAM_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -85,4 +86,5 @@ def _fsdp(config: FSDPConfig, build: Build) -> None:
     if config.param_dtype is not None:
         # FSDP2 casts the gathered parameters itself; autocast on top would be a second policy.
         build.autocast_dtype = None
+        remove_autocast_forward(build.model)
     build.applied.append(config.label)

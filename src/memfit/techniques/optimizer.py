@@ -221,7 +221,13 @@ def _optimizer_handler(config: OptimizerConfig, build: Build) -> None:
             "fp16-mixed (fp32 weights, GradScaler), or bf16-true on a GPU with bf16."
         )
     build.optimizer = make_optimizer(build.model, config)
-    build.applied.append(f"optimizer {config.name}" + (" on CPU" if config.offload else ""))
+    build.applied.append(
+        f"optimizer {config.name}, lr {config.lr:g}" + (" on CPU" if config.offload else "")
+    )
+    build.left_to_caller.append(
+        "the optimizer step: setup.step runs it; another trainer takes setup.optimizer "
+        "(HF Trainer: optimizers=(setup.optimizer, None))."
+    )
 
 
 def optimizer_for_trace(name: str, params: list[Any]) -> torch.optim.Optimizer | None:

@@ -28,6 +28,8 @@ class Build:
     grad_accum: int = 1
     optimizer: torch.optim.Optimizer | None = None
     applied: list[str] = field(default_factory=list)
+    #: What the model does not carry and the training loop must do (TrainSetup does it).
+    left_to_caller: list[str] = field(default_factory=list)
 
 
 _HANDLERS: dict[type, Callable[[Any, Build], None]] = {}

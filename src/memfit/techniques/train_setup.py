@@ -54,6 +54,8 @@ class TrainSetup:
         device: where the model runs (an embedding kept on the CPU aside).
         techniques: what apply_ did, as short labels.
         loss_fn: `loss_fn(output, micro_batch) -> loss` used by `step` when it is given none.
+        notes: what the model does not carry and a trainer other than `step` must do itself
+            (loss scaling, accumulation, the optimizer step), and defaults apply_ chose.
     """
 
     model: torch.nn.Module
@@ -64,6 +66,7 @@ class TrainSetup:
     device: torch.device
     techniques: tuple[str, ...] = ()
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
+    notes: tuple[str, ...] = ()
 
     # -- pieces -----------------------------------------------------------------------------
 
