@@ -107,10 +107,20 @@ def materialize_fake(
 
 
 def make_batch_for(spec: ModelSpec, model: torch.nn.Module, w: Workload, dtype: torch.dtype) -> Any:
+    """One micro-batch for `spec`'s model: the user's `make_batch` (memfit.models.sources.
+    ModelSpec.user_batch: it gets `w.seq_len` when it takes it, and a size it cannot take is
+    an error), else memfit's synthetic inputs for the model's task.
+
+    The synthetic batch is the same for a transformers model from every source: token ids
+    (`input_ids`, with `labels` for a head that has a loss), pixels (`pixel_values`, class
+    `labels`) or log-mel frames (`input_features`, token `labels`). Without labels (a base
+    model), an encoder-decoder gets `decoder_input_ids` of the same length. In inference,
+    decoder-only token models get the inputs only (no loss), as serving and generation run.
+    """
     b = w.batch_size
     cfg = getattr(model, "config", None)
     if spec.make_batch is not None:
-        return spec.make_batch(b)
+        return spec.user_batch(b, w.seq_len, w.image_size)
     kind = spec.input_kind
     if kind in ("tokens", "seq2seq-tokens"):
         s = w.seq_len or 512
@@ -120,45 +130,76 @@ def make_batch_for(spec: ModelSpec, model: torch.nn.Module, w: Workload, dtype: 
                 f"({spec.max_positions} positions). Use --seq {spec.max_positions} or less."
             )
         vocab = int(getattr(cfg, "vocab_size", 32000) or 32000)
-        ids = torch.randint(0, vocab, (b, s))
+        ids = torch.randint(0, vocab, (b, s))  # (B, S)
         batch: dict[str, Any] = {"input_ids": ids}
         if not w.training and kind == "tokens":
             return batch  # inference: logits only, no loss (serving, generation's prefill)
-        if spec.task in ("causal-lm", "masked-lm", "token-classification", "seq2seq-lm"):
-            batch["labels"] = torch.randint(
-                0, vocab if spec.task != "token-classification" else 2, (b, s)
-            )
+        if spec.task in ("causal-lm", "masked-lm", "seq2seq-lm"):
+            batch["labels"] = torch.randint(0, vocab, (b, s))
+        elif spec.task == "token-classification":
+            batch["labels"] = torch.randint(0, _num_labels(cfg), (b, s))
         elif spec.task == "seq-classification":
-            batch["labels"] = torch.randint(0, 2, (b,))
+            batch["labels"] = _class_labels(cfg, b, dtype)
+        elif kind == "seq2seq-tokens":  # no labels to shift into the decoder's inputs
+            batch["decoder_input_ids"] = torch.randint(0, vocab, (b, s))
         return batch
     if kind == "image":
         size = w.image_size or spec.image_size or 224
-        x = torch.empty(b, 3, size, size, dtype=dtype)
-        labels = torch.randint(0, 1000, (b,))
+        channels = int(getattr(cfg, "num_channels", 3))
+        x = torch.empty(b, channels, size, size, dtype=dtype)  # (B, C, H, W)
+        labels = torch.randint(0, _num_labels(cfg) if cfg is not None else 1000, (b,))
         if spec.loss == "cross_entropy":
             return (x, labels)
-        if not w.training:
+        if not w.training or spec.task != "image-classification":
             return {"pixel_values": x}
         return {"pixel_values": x, "labels": labels}
     if kind == "audio":
         mels = int(getattr(cfg, "num_mel_bins", 80))
         frames = 2 * int(getattr(cfg, "max_source_positions", 1500))
         s = w.seq_len or 448
-        return {
-            "input_features": torch.empty(b, mels, frames, dtype=dtype),
-            "labels": torch.randint(0, int(getattr(cfg, "vocab_size", 51865)), (b, s)),
-        }
+        vocab = int(getattr(cfg, "vocab_size", 51865))
+        features = torch.empty(b, mels, frames, dtype=dtype)  # (B, mels, frames)
+        if spec.task == "speech-seq2seq":
+            return {"input_features": features, "labels": torch.randint(0, vocab, (b, s))}
+        return {"input_features": features, "decoder_input_ids": torch.randint(0, vocab, (b, s))}
     raise BadInputError(
-        f"Cannot make inputs for {spec.name!r}: give an input factory 'file.py:build:make_batch'."
+        f"Cannot make inputs for {spec.name!r} (task {spec.task!r}): give an input factory, "
+        "'file.py:build:make_batch' with make_batch(batch_size[, seq_len]) returning the "
+        "model's inputs (a dict is passed as keyword arguments)."
     )
 
 
+def _num_labels(cfg: Any) -> int:
+    """Classes of a classification head: its config's `num_labels` (catalog heads: 2)."""
+    return int(getattr(cfg, "num_labels", 2) or 2)
+
+
+def _class_labels(cfg: Any, b: int, dtype: torch.dtype) -> torch.Tensor:
+    """Sequence-classification labels as transformers' loss reads them (its `problem_type`):
+    class indices, one float per sample for regression (one label), or a float per class for
+    multi-label classification."""
+    n = _num_labels(cfg)
+    if getattr(cfg, "problem_type", None) in ("regression", "multi_label_classification") or n == 1:
+        return torch.empty(b, n, dtype=dtype)  # (B, labels)
+    return torch.randint(0, n, (b,))
+
+
 def step_loss(spec: ModelSpec, out: Any, batch: Any) -> torch.Tensor:
+    """The loss the traced step backpropagates (ModelSpec.loss says which)."""
     if spec.loss == "cross_entropy":
         return torch.nn.functional.cross_entropy(out, batch[1])
     loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
     if isinstance(loss, torch.Tensor):
         return loss
+    if spec.loss == "hf":
+        keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+        raise TraceError(
+            f"{spec.name!r} returned {type(out).__name__} with no loss on the batch {keys}: a "
+            "transformers head computes its loss when the batch carries 'labels'. Add labels "
+            "to make_batch's batch (or use --mode inference)."
+        )
     if isinstance(out, torch.Tensor):
         return out if out.dim() == 0 else out.float().sum()
     leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
