@@ -16,6 +16,7 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -24,7 +25,7 @@ from typing import Any
 
 from memfit.errors import BadInputError
 
-__all__ = ["as_script", "in_script", "load_functions", "script_of"]
+__all__ = ["as_script", "in_script", "load_functions", "script_of", "user_error"]
 
 
 @contextlib.contextmanager
@@ -105,10 +106,7 @@ def _import_file(file: Path, target: str) -> Any:
         ) from None
     except Exception as e:
         sys.modules.pop(mod_name, None)
-        raise BadInputError(
-            f"Importing {target!r} raised {type(e).__name__}; its traceback:\n"
-            + traceback.format_exc()
-        ) from e
+        raise BadInputError(user_error(f"Importing {target!r}", e)) from e
     return module
 
 
@@ -121,3 +119,25 @@ def in_script(fn: Callable[..., Any], file: Path) -> Callable[..., Any]:
             return fn(*args, **kwargs)
 
     return call
+
+
+#: memfit's own source folder: its frames are left out of a user's error.
+_MEMFIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def user_error(what: str, e: BaseException) -> str:
+    """ "{what} raised {type}: {message}", then the frames from the first of the user's code on
+    (memfit's and importlib's frames before it are noise to the user), as Python prints them
+    but without the "Traceback" header: the user's error, not a crash of memfit's."""
+    frames = traceback.extract_tb(e.__traceback__)
+    first = 0
+    while first < len(frames) and (
+        os.path.abspath(frames[first].filename).startswith(_MEMFIT_DIR)
+        or frames[first].filename.startswith("<frozen importlib")
+    ):
+        first += 1
+    where = "".join(traceback.format_list(frames[first:]))
+    return (
+        f"{what} raised {type(e).__name__}: {e}\n{where}"
+        + "".join(traceback.format_exception_only(type(e), e))
+    ).rstrip("\n")

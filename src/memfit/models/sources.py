@@ -22,7 +22,6 @@ import inspect
 import json
 import os
 import sys
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,7 @@ from memfit.models.catalog import (
     name_loss_type,
     supported_tasks,
 )
-from memfit.models.factory import in_script, load_functions, script_of
+from memfit.models.factory import in_script, load_functions, script_of, user_error
 from memfit.models.hf_tasks import (
     check_model_type,
     default_task,
@@ -363,14 +362,10 @@ def _call_factory(fn: Callable[[], Any], name: str) -> torch.nn.Module:
             model = fn()
     except SystemExit as e:
         raise BadInputError(
-            f"The model factory {name!r} exited (SystemExit: {e.code!r}) instead of returning "
-            "a model; its traceback:\n" + traceback.format_exc()
+            user_error(f"The model factory {name!r} exited instead of returning a model; it", e)
         ) from None
     except Exception as e:
-        raise BadInputError(
-            f"The model factory {name!r} raised {type(e).__name__}; its traceback:\n"
-            + traceback.format_exc()
-        ) from e
+        raise BadInputError(user_error(f"The model factory {name!r}", e)) from e
     if not isinstance(model, torch.nn.Module):
         raise BadInputError(
             f"The model factory {name!r} returned {type(model).__name__}, not an nn.Module."
