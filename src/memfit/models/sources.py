@@ -99,14 +99,17 @@ class ModelSpec:
             that requires grad. `notes` says so.
         image_size: side of the input image for vision models, when the config gives it.
         notes: what the estimate of this model assumes that a user should know (the loss
-            fallback); reports list them with the estimate's notes.
+            fallback), to be shown with the estimate's notes.
 
     Known limits: a factory is called once when resolved (to read its model's class and
     config) and again for each trace, so it should build a fresh model each time; a factory's
     or a module's model cannot be shortened, so it is traced whole (exact, slower than the
     catalog's replay of 3 blocks for deep models); the inputs memfit makes are token ids,
     pixels and log-mel frames: other inputs (raw audio, several modalities) need a
-    `make_batch`.
+    `make_batch`; an encoder-decoder's inference step is still given labels (its loss is
+    computed, under no_grad); a head whose forward reads token values (T5's sequence
+    classifier finds its EOS tokens with unique_consecutive) cannot run on fake tensors and
+    is a TraceError.
     """
 
     name: str
