@@ -145,6 +145,13 @@ def test_find_batch_a_trial_error_is_shown_with_its_own_exit_code(tmp_path):
     assert res.exit_code == 3
     assert f'File "{f}", line 5, in trial' in res.stderr
     assert "(raised by the trial at batch size 1, in memfit's find_batch_size)" in res.stderr
+    # On fake tensors (the default with --gpu) the shape check is the meta kernel's.
+    assert "error: the trial raised RuntimeError: a and b must have same reduction dim" in (
+        res.stderr
+    )
+    real = ["find-batch", f"{f}:trial", "--gpu", "t4", "--real", "--no-progress"]
+    res = runner.invoke(app, real)
+    assert res.exit_code == 3
     assert "error: the trial raised RuntimeError: mat1 and mat2 shapes" in res.stderr
     res = runner.invoke(app, ["find-batch", f"{f}:refuses", "--gpu", "t4", "--no-progress"])
     assert res.exit_code == 2 and "batch must be even" in res.stderr

@@ -1,9 +1,12 @@
 """`memfit find-batch FILE.py:trial[:make_batch]` (registered by memfit.cli.app).
 
 Runs `find_batch_size` on the user's trial function: on a real GPU when the code uses one, or on
-the CPU under `memfit.simulate` when `--gpu` names the card to simulate (a name from
-`memfit gpus`, optionally limited: `rtx-4090@12GiB`). Without `--gpu` on a machine with no CUDA
-GPU the search would measure host RAM, which says nothing about a GPU: that is refused.
+the CPU under `memfit.simulate` when `--gpu` names the card to simulate (a name from `memfit
+gpus`, optionally limited: `rtx-4090@12GiB`). The simulated trial runs on fake tensors, as CUDA
+would run it (memfit.simulation.fake_run): its tensors take no host memory and nothing is
+computed; `--real` runs it on real tensors instead, for a trial that needs values. Without
+`--gpu` on a machine with no CUDA GPU the search would measure host RAM, which says nothing
+about a GPU: that is refused.
 
 What the trial's file holds at top level (made at import, before the search) is on the GPU from
 the start: its modules with parameters or buffers (a parameterless `nn.CrossEntropyLoss()` is
@@ -52,6 +55,14 @@ def find_batch_command(
             help="Effective batch to keep: the answer is a micro-batch and accumulation.",
         ),
     ] = None,
+    real: Annotated[
+        bool,
+        typer.Option(
+            "--real",
+            help="With --gpu: run the trial on real tensors (needs host RAM as large as the "
+            "memory simulated) instead of fake ones.",
+        ),
+    ] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
@@ -75,7 +86,9 @@ def find_batch_command(
         if gpu is not None:
             from memfit.simulation.simulated_gpu import simulate
 
-            where = simulate(gpu, model=model, optimizer=optimizer)
+            where = simulate(gpu, model=model, optimizer=optimizer, fake=not real)
+        elif real:
+            raise BadInputError("--real chooses how --gpu simulates a GPU; it needs --gpu.")
     except (MemfitError, ImportError) as e:
         raise fail(str(e)) from None
     try:

@@ -13,6 +13,7 @@ import torch
 
 from memfit.errors import BadInputError
 from memfit.guard.retry import MAX_BATCH, free_memory
+from memfit.simulation.simulated_gpu import active
 
 __all__ = ["BatchSearch", "find_batch_size"]
 
@@ -50,7 +51,13 @@ def find_batch_size(
     is the same). Memory is freed between tries (`model=`/`optimizer=` let gradients be set to
     None). With `target_batch`, the search stops there and the result gives the micro-batch
     (the largest divisor of `target_batch` that ran) and the gradient accumulation that keep
-    the effective batch. When torch.distributed is initialised every rank searches on its own
+    the effective batch. On a fake simulated GPU (`memfit.simulate(..., fake=True)`) each try
+    is a fresh start, as a training run of that batch size is: the simulated allocator restarts
+    with the model loaded and no optimizer state, and the trial runs twice (the warm-up step
+    that creates the optimizer state, then a steady one), which is what memfit's estimate
+    traces. A search in a warm process (on a real GPU) can report more: the earlier, smaller
+    tries left the optimizer state packed at the bottom of memory, which a fresh run does not
+    have. When torch.distributed is initialised every rank searches on its own
     (no collective runs inside the search) and the ranks then agree on the smallest result.
 
     Example:
@@ -66,9 +73,14 @@ def find_batch_size(
     t0 = time.perf_counter()
     tries: list[tuple[int, bool]] = []
     with _progress(progress) as report:
+        sim = active()
+        fresh = sim is not None and sim.fake
 
         def runs(b: int) -> bool:
-            ok = _try(trial, make_batch, b)
+            if fresh:
+                assert sim is not None
+                sim.restart()
+            ok = _try(trial, make_batch, b, steps=2 if fresh else 1)
             # A failed try leaves reference cycles (exception, traceback, frames); a good one
             # frees its tensors by reference counting.
             free_memory(model, optimizer, collect=not ok)
@@ -96,9 +108,12 @@ def find_batch_size(
     )  # fmt: skip
 
 
-def _try(trial: Callable[[Any], Any], make_batch: Callable[[int], Any] | None, b: int) -> bool:
+def _try(
+    trial: Callable[[Any], Any], make_batch: Callable[[int], Any] | None, b: int, *, steps: int
+) -> bool:
     try:
-        trial(make_batch(b) if make_batch is not None else b)
+        for _ in range(steps):
+            trial(make_batch(b) if make_batch is not None else b)
     except torch.OutOfMemoryError:
         return False
     except Exception as e:  # not an OOM: the caller's error, raised as it is, with the batch

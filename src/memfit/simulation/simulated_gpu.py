@@ -34,7 +34,8 @@ in backward or in `optimizer.step()`), inputs (made outside all of these: usuall
 after an OOM, until the next forward), workspaces. Modules come from global module hooks in
 forward and autograd-node tags in backward (memfit.estimator.tracker, Note: [Backward attribution]).
 
-Limitations: one thread, one stream; storages on the meta device are ignored; with
+Limitations: one thread, one stream; storages on the meta device are ignored (fake tensors'
+are counted: see `memfit.simulation.fake_run`, which runs a trial on them); with
 `optimizer=`, step counters of non-fused torch.optim optimizers are host memory, as on CUDA.
 """
 
@@ -45,6 +46,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -52,10 +54,12 @@ from memfit.cuda.allocator import CachingAllocator
 from memfit.cuda.allocator_config import AllocatorConfig
 from memfit.cuda.allocator_oom import AllocatorOutOfMemoryError as _AllocatorFull
 from memfit.cuda.allocator_oom import OutOfMemory
+from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
 from memfit.estimator.tracker import META_KEY, SCALAR_CONSTANT_OPS, tag_graph
 from memfit.models.structure import find_repeated_blocks
 from memfit.simulation.capacity import simulated_capacity
+from memfit.simulation.fake_run import fake_tensors
 from memfit.simulation.records import LiveTensor, OomState, optimizer_state_sizes
 from memfit.techniques.optimizer import host_state_keys
 
@@ -81,8 +85,11 @@ class SimulatedGPU(TorchDispatchMode):
     def __init__(self, gpu: str | None = None, *, budget_bytes: int | None = None,
                  alloc_conf: str | None = None, model: torch.nn.Module | None = None,
                  optimizer: torch.optim.Optimizer | None = None, tensors: Any = (),
-                 workspaces: bool = True) -> None:  # fmt: skip
+                 workspaces: bool = True, fake: bool = False) -> None:  # fmt: skip
         super().__init__()
+        self._fake = fake
+        self._fake_cm: Any = None
+        self._capability = get_gpu(gpu).compute_capability if gpu is not None else None
         capacity, self.total_capacity_bytes, ws = simulated_capacity(gpu, budget_bytes)
         self.capacity_bytes = capacity
         cfg = AllocatorConfig.from_string(alloc_conf) if alloc_conf else AllocatorConfig()
@@ -91,6 +98,7 @@ class SimulatedGPU(TorchDispatchMode):
                 f"alloc_conf {alloc_conf!r} sets a memory fraction, which is a fraction of a "
                 "GPU's memory: name the GPU (simulate('a100-80gb', ...)) or give budget_bytes."
             )
+        self._cfg = cfg
         self.allocator = CachingAllocator(
             cfg, capacity_bytes=capacity, total_bytes=self.total_capacity_bytes or None
         )  # a memory fraction is of the GPU's total, as in setMemoryFraction
@@ -140,6 +148,34 @@ class SimulatedGPU(TorchDispatchMode):
         """`torch.cuda.empty_cache()` on the simulated GPU."""
         self.allocator.empty_cache()
 
+    @property
+    def fake(self) -> bool:
+        """Whether the code runs on fake tensors (`simulate(..., fake=True)`)."""
+        return self._fake
+
+    def restart(self) -> None:
+        """Start again as a new process of the same job would (fake runs only): a new
+        allocator holding the model's tensors, no optimizer state, no other tensor; peaks
+        from here on. The tensors of earlier code are no longer followed."""
+        if not self._fake:
+            raise BadInputError(
+                "restart() needs simulate(..., fake=True): on real tensors the optimizer "
+                "state it drops would be the user's."
+            )
+        self._detach()
+        self._recs, self._blocks, self._live = {}, {}, {}
+        self._deferred.clear()
+        self.oom = None
+        self.allocator = CachingAllocator(
+            self._cfg, capacity_bytes=self.capacity_bytes,
+            total_bytes=self.total_capacity_bytes or None,
+        )  # fmt: skip
+        if self._workspace_bytes:
+            self._workspace_threads = {"main", "autograd"}
+        if self.optimizer is not None:
+            self.optimizer.state.clear()  # the fake run's own state (fake_run swaps it)
+        self._register_existing()
+
     def live_tensors(self) -> list[LiveTensor]:
         """The storages on the simulated GPU now, categorised (see the module docstring)."""
         self._recategorise()
@@ -157,10 +193,15 @@ class SimulatedGPU(TorchDispatchMode):
         if self._entered:
             raise RuntimeError("A simulate() context can be entered once; make a new one.")
         self._entered = True
+        if self._fake:  # before registering: the model's tensors become the fakes
+            self._fake_cm = fake_tensors(self.model, self.optimizer, capability=self._capability)
+            self._fake_cm.__enter__()
         try:
             self._register_existing()
-        except torch.OutOfMemoryError:
+        except torch.OutOfMemoryError as e:
             self._detach()
+            if self._fake_cm is not None:
+                self._fake_cm.__exit__(type(e), e, e.__traceback__)
             raise
         self._hooks = [
             register_module_forward_pre_hook(self._pre_hook),
@@ -173,13 +214,16 @@ class SimulatedGPU(TorchDispatchMode):
         super().__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: Any) -> Any:
         super().__exit__(*exc)
         _ACTIVE.remove(self)
         for h in self._hooks:
             h.remove()
         self._hooks = []
         self._detach()
+        if self._fake_cm is not None:  # restores the real tensors; a fake-run failure is named
+            return self._fake_cm.__exit__(*exc)
+        return None
 
     def _detach(self) -> None:
         """Stop following frees: the state stays as it was at exit."""
@@ -261,8 +305,8 @@ class SimulatedGPU(TorchDispatchMode):
         if key in self._live:
             self._resize(self._live[key], t, op)
             return
-        if storage.device.type == "meta":
-            return
+        if storage.device.type == "meta" and not isinstance(t, FakeTensor):
+            return  # a fake tensor's storage is on meta too, and stands for a real one
         host = (
             self._host_steps and self._phase == "optimizer" and op in SCALAR_CONSTANT_OPS
             and t.dim() == 0
@@ -389,7 +433,7 @@ class SimulatedGPU(TorchDispatchMode):
 def simulate(gpu: str | None = None, *, budget_bytes: int | None = None,
              alloc_conf: str | None = None, model: torch.nn.Module | None = None,
              optimizer: torch.optim.Optimizer | None = None, tensors: Any = (),
-             workspaces: bool = True) -> SimulatedGPU:  # fmt: skip
+             workspaces: bool = True, fake: bool = False) -> SimulatedGPU:  # fmt: skip
     """A context in which real CPU code runs on the memory of `gpu` (see the module docstring).
 
     Args:
@@ -398,10 +442,13 @@ def simulate(gpu: str | None = None, *, budget_bytes: int | None = None,
         alloc_conf: a PYTORCH_CUDA_ALLOC_CONF string, e.g. "expandable_segments:True".
         model, optimizer, tensors: tensors that exist before entering and live on the GPU.
         workspaces: allocate the cuBLAS workspace at the first matmul, as CUDA does.
+        fake: run on fake tensors as CUDA would (memfit.simulation.fake_run): no host memory
+            for the tensors, CUDA's attention kernel and foreach optimizers; values are not
+            computed. `model` and `optimizer` get their real tensors back on exit.
     """
     return SimulatedGPU(
         gpu, budget_bytes=budget_bytes, alloc_conf=alloc_conf, model=model, optimizer=optimizer,
-        tensors=tensors, workspaces=workspaces,
+        tensors=tensors, workspaces=workspaces, fake=fake,
     )  # fmt: skip
 
 
