@@ -9,6 +9,7 @@ from memfit.cuda.gpus import (
     PCIE_GEN3_X16_BYTES_PER_S,
     PCIE_GEN4_X8_BYTES_PER_S,
     PCIE_GEN4_X16_BYTES_PER_S,
+    PCIE_GEN5_X8_BYTES_PER_S,
     PCIE_GEN5_X16_BYTES_PER_S,
     TERA,
 )
@@ -207,7 +208,7 @@ CATALOG: tuple[GPU, ...] = (
     GPU(
         name="rtx-3060",
         display_name="NVIDIA GeForce RTX 3060",
-        aliases=("3060", "rtx3060", "geforce-rtx-3060", "rtx-3060-12gb"),
+        aliases=("3060", "rtx3060", "geforce-rtx-3060", "rtx-3060-12gb", "3060-12gb"),
         # exact: deviceQuery (Linux, driver 12.2) "12044 MBytes (12629508096 bytes)"; other
         # reports 12004-12042 MiB, and 12288 MiB (12884377600 bytes, likely WSL/Windows).
         total_memory_bytes=12629508096,
@@ -286,6 +287,91 @@ CATALOG: tuple[GPU, ...] = (
         peak_tf32_flops=int(77.4 * TERA),  # 2x FP32, as on the A40 datasheet (37.4 -> 74.8)
         sm_count=84,  # deviceQuery: 84 multiprocessors
     ),
+    GPU(
+        name="rtx-a5000",
+        display_name="NVIDIA RTX A5000",
+        aliases=("a5000", "rtxa5000"),
+        # exact: a device-properties print (CUDA sample-style device_info) "24226 MBytes
+        # (25402343424 bytes)", 64 multiprocessors; nvidia-smi shows 24564 MiB.
+        total_memory_bytes=25402343424,
+        compute_capability=(8, 6),
+        bf16=True,
+        flash_attention=True,
+        memory_bandwidth_bytes_per_s=768 * GIGA,  # RTX A5000 datasheet: 768 GB/s
+        # RTX A5000 datasheet: tensor performance 222.2 TFLOPS (with sparsity) -> 111.1 dense
+        # (pro card: FP32 accumulate at full rate); FP32 27.8 TFLOPS.
+        peak_fp16_flops=int(111.1 * TERA),
+        peak_bf16_flops=int(111.1 * TERA),
+        peak_fp32_flops=int(27.8 * TERA),
+        pcie_bandwidth_bytes_per_s=PCIE_GEN4_X16_BYTES_PER_S,  # datasheet: PCIe Gen4 x16
+        architecture="ampere",
+        peak_tf32_flops=int(55.6 * TERA),  # 2x FP32, as on the A40 datasheet
+        sm_count=64,  # device_info: 64 multiprocessors
+    ),
+    GPU(
+        name="rtx-a4000",
+        display_name="NVIDIA RTX A4000",
+        aliases=("a4000", "rtxa4000"),
+        # derived: OOM "GPU 0 has a total capacity of 15.61 GiB" on an RTX A4000 16GB
+        # (DengKaiCQ/VGGT-Long #6) = 15985 MiB, within ~5 MiB.
+        total_memory_bytes=15985 * MIB,
+        compute_capability=(8, 6),
+        bf16=True,
+        flash_attention=True,
+        memory_bandwidth_bytes_per_s=448 * GIGA,  # RTX A4000 datasheet: 448 GB/s
+        # RTX A4000 datasheet: tensor performance 153.4 TFLOPS (with sparsity) -> 76.7 dense;
+        # FP32 19.2 TFLOPS.
+        peak_fp16_flops=int(76.7 * TERA),
+        peak_bf16_flops=int(76.7 * TERA),
+        peak_fp32_flops=int(19.2 * TERA),
+        pcie_bandwidth_bytes_per_s=PCIE_GEN4_X16_BYTES_PER_S,  # datasheet: PCIe Gen4 x16
+        architecture="ampere",
+        peak_tf32_flops=int(38.4 * TERA),  # 2x FP32, as on the A40 datasheet
+        sm_count=48,  # 6144 CUDA cores / 128 per SM
+        memory_source_quality="derived",
+    ),
+    GPU(
+        name="a40",
+        display_name="NVIDIA A40",
+        aliases=("nvidia-a40",),
+        # exact: deviceQuery (driver 12.4) "45403 MBytes (47608692736 bytes)", 84
+        # multiprocessors (ECC on, the A40's default: 48 GB GDDR6 with ECC).
+        total_memory_bytes=47608692736,
+        compute_capability=(8, 6),
+        bf16=True,
+        flash_attention=True,
+        memory_bandwidth_bytes_per_s=696 * GIGA,  # A40 datasheet: 696 GB/s
+        # A40 datasheet: BF16/FP16 tensor 149.7 TFLOPS (299.4 sparse), TF32 74.8 (149.6
+        # sparse), FP32 37.4 TFLOPS.
+        peak_fp16_flops=int(149.7 * TERA),
+        peak_bf16_flops=int(149.7 * TERA),
+        peak_fp32_flops=int(37.4 * TERA),
+        pcie_bandwidth_bytes_per_s=PCIE_GEN4_X16_BYTES_PER_S,  # datasheet: PCIe Gen4 x16
+        architecture="ampere",
+        peak_tf32_flops=int(74.8 * TERA),
+        sm_count=84,  # deviceQuery: 84 multiprocessors
+        # nvlink stays False: the A40's NVLink is a bridge between two cards (112.5 GB/s).
+    ),
+    GPU(
+        name="a100-pcie-40gb",
+        display_name="NVIDIA A100-PCIE-40GB",
+        aliases=("a100-40gb-pcie", "a100-pcie-40g"),
+        # exact: deviceQuery (driver 12.2, three sources) "40339 MBytes (42298834944 bytes)";
+        # other drivers: 40370 MiB (12.0), 40338 MiB (12.3), 40326 MiB (12.4), 40441 MiB (13.0),
+        # 40536 MiB (older; see a100-40gb).
+        total_memory_bytes=42298834944,
+        compute_capability=(8, 0),
+        bf16=True,
+        flash_attention=True,
+        memory_bandwidth_bytes_per_s=1555 * GIGA,  # A100 datasheet: 40GB PCIe 1,555 GB/s
+        peak_fp16_flops=312 * TERA,  # A100 datasheet (same peaks as SXM)
+        peak_bf16_flops=312 * TERA,
+        peak_fp32_flops=int(19.5 * TERA),
+        pcie_bandwidth_bytes_per_s=PCIE_GEN4_X16_BYTES_PER_S,
+        architecture="ampere",
+        peak_tf32_flops=156 * TERA,
+        sm_count=108,  # deviceQuery: 108 multiprocessors
+    ),
     # ---------------------------------------------------------------- Ada (sm89)
     GPU(
         name="l4",
@@ -305,6 +391,28 @@ CATALOG: tuple[GPU, ...] = (
         architecture="ada",
         peak_tf32_flops=60 * TERA,  # L4 datasheet: TF32 120 TFLOPS sparse -> 60 dense
         sm_count=58,  # deviceQuery: 58 multiprocessors
+    ),
+    GPU(
+        name="l40",
+        display_name="NVIDIA L40",
+        aliases=("nvidia-l40",),
+        # derived: OOM "GPU 0 has a total capacity of 44.40 GiB" on a single L40 (QwenLM/Qwen3-VL
+        # #2097, CUDA 12.8 wheels) = 45466 MiB, within ~5 MiB (ECC on, the default).
+        total_memory_bytes=45466 * MIB,
+        compute_capability=(8, 9),
+        bf16=True,
+        flash_attention=True,
+        memory_bandwidth_bytes_per_s=864 * GIGA,  # L40 datasheet: 864 GB/s
+        # L40 datasheet: BF16/FP16 tensor 181.05 TFLOPS (362.1 sparse), TF32 90.5 (181
+        # sparse), FP32 90.5 TFLOPS.
+        peak_fp16_flops=int(181.05 * TERA),
+        peak_bf16_flops=int(181.05 * TERA),
+        peak_fp32_flops=int(90.5 * TERA),
+        pcie_bandwidth_bytes_per_s=PCIE_GEN4_X16_BYTES_PER_S,  # datasheet: PCIe Gen4 x16
+        architecture="ada",
+        peak_tf32_flops=int(90.5 * TERA),
+        sm_count=142,  # 18176 CUDA cores / 128 per SM (same AD102 configuration as the L40S)
+        memory_source_quality="derived",
     ),
     GPU(
         name="l40s",
@@ -346,6 +454,54 @@ CATALOG: tuple[GPU, ...] = (
         peak_tf32_flops=int(15.11 * TERA),
         sm_count=24,  # 3072 CUDA cores / 128 per SM
         memory_source_quality="uncertain",
+    ),
+    GPU(
+        name="rtx-4060-ti-8gb",
+        display_name="NVIDIA GeForce RTX 4060 Ti",  # the 16 GB card prints the same name
+        aliases=(
+            "4060-ti-8gb", "4060ti-8gb", "4060-ti-8g", "4060ti-8g", "rtx-4060-ti-8g",
+            "rtx4060ti-8gb",
+        ),
+        # uncertain: no figure found for this card; this is the RTX 4060's OOM "total capacity
+        # of 7.75 GiB" (same 8 GB GDDR6, nvidia-smi 8188 MiB on both) = 7936 MiB.
+        total_memory_bytes=7936 * MIB,
+        compute_capability=(8, 9),
+        bf16=True,
+        flash_attention=True,
+        memory_bandwidth_bytes_per_s=288 * GIGA,  # NVIDIA spec: 18 Gbps x 128-bit = 288 GB/s
+        peak_fp16_flops=int(44.1 * TERA),  # same AD106 chip and clocks as the 16 GB card
+        peak_bf16_flops=int(44.1 * TERA),
+        peak_fp32_flops=int(22.06 * TERA),
+        pcie_bandwidth_bytes_per_s=PCIE_GEN4_X8_BYTES_PER_S,
+        architecture="ada",
+        peak_tf32_flops=int(22.06 * TERA),
+        sm_count=34,
+        memory_source_quality="uncertain",
+    ),
+    GPU(
+        name="rtx-4060-ti-16gb",
+        display_name="NVIDIA GeForce RTX 4060 Ti",  # the 8 GB card prints the same name
+        aliases=(
+            "4060-ti-16gb", "4060ti-16gb", "4060-ti-16g", "4060ti-16g", "rtx-4060-ti-16g",
+            "rtx4060ti-16gb",
+        ),
+        # exact: deviceQuery (Debian, driver 590.48, CUDA 13.1) "15948 MBytes (16722821120
+        # bytes)", 34 multiprocessors. Windows reports 16380 MiB (17175150592 bytes), which is
+        # also nvidia-smi's total.
+        total_memory_bytes=16722821120,
+        compute_capability=(8, 9),
+        bf16=True,
+        flash_attention=True,
+        memory_bandwidth_bytes_per_s=288 * GIGA,  # NVIDIA spec: 18 Gbps x 128-bit = 288 GB/s
+        # Ada GeForce rule: FP16/BF16 tensor w/ FP32 acc = 2x FP32; FP32 = 4352 cores x 2 x
+        # 2.535 GHz boost = 22.06 TFLOPS. (A bf16 matmul benchmark measured 44.7 TFLOPS.)
+        peak_fp16_flops=int(44.1 * TERA),
+        peak_bf16_flops=int(44.1 * TERA),
+        peak_fp32_flops=int(22.06 * TERA),
+        pcie_bandwidth_bytes_per_s=PCIE_GEN4_X8_BYTES_PER_S,  # the RTX 4060 Ti is PCIe 4.0 x8
+        architecture="ada",
+        peak_tf32_flops=int(22.06 * TERA),
+        sm_count=34,  # deviceQuery: 34 multiprocessors
     ),
     GPU(
         name="rtx-4070",
@@ -500,6 +656,196 @@ CATALOG: tuple[GPU, ...] = (
         sm_count=132,  # torch repr: multi_processor_count=132
         nvlink=True,
         memory_source_quality="derived",
+    ),
+    GPU(
+        name="h100-nvl",
+        display_name="NVIDIA H100 NVL",
+        aliases=("h100-nvl-94gb", "h100nvl"),
+        # derived: OOM "GPU 0 has a total capacity of 93.00 GiB" on an H100 NVL 94GB (RunPod;
+        # ali-vilab/VACE #56) = 95232 MiB. Another record (torch 2.5.1+cu124) gives
+        # 99456909312 bytes (92.63 GiB); nvidia-smi shows 95830 MiB.
+        total_memory_bytes=95232 * MIB,
+        compute_capability=(9, 0),
+        bf16=True,
+        flash_attention=True,
+        memory_bandwidth_bytes_per_s=3900 * GIGA,  # H100 NVL datasheet: 3.9 TB/s (HBM3)
+        # H100 NVL datasheet (per GPU): BF16/FP16 tensor 1,671 TFLOPS sparse -> 835.5 dense;
+        # TF32 835 sparse -> 417.5 dense; FP32 60 TFLOPS.
+        peak_fp16_flops=int(835.5 * TERA),
+        peak_bf16_flops=int(835.5 * TERA),
+        peak_fp32_flops=60 * TERA,
+        pcie_bandwidth_bytes_per_s=PCIE_GEN5_X16_BYTES_PER_S,  # datasheet: PCIe Gen5 128 GB/s
+        architecture="hopper",
+        peak_tf32_flops=int(417.5 * TERA),
+        sm_count=132,  # 16896 CUDA cores / 128 per SM
+        # nvlink stays False: NVL cards are bridged in pairs (600 GB/s); the rest is PCIe.
+        memory_source_quality="derived",
+    ),
+    GPU(
+        name="gh200",
+        display_name="NVIDIA GH200 480GB",
+        # "gh200" means the 96 GB HBM3 part (Lambda's and most HPC centres' GH200); torch names
+        # it "GH200 480GB" or "GH200 120GB" after the Grace LPDDR5X beside it.
+        aliases=("gh200-480gb", "gh200-120gb", "gh200-96gb", "nvidia-gh200", "grace-hopper"),
+        # exact: deviceQuery (driver 12.9, a 4-GH200 node) "96768 MBytes (101468602368
+        # bytes)"; driver 12.2: 97280 MiB (102005473280 bytes); an OOM message says "total
+        # capacity of 94.88 GiB" (~97157 MiB; Lightning-AI/litgpt #1892).
+        total_memory_bytes=101468602368,
+        compute_capability=(9, 0),
+        bf16=True,
+        flash_attention=True,
+        memory_bandwidth_bytes_per_s=4000 * GIGA,  # GH200 datasheet: 96GB HBM3, 4 TB/s
+        # GH200 datasheet: the H100 SXM's tensor peaks, FP16/BF16 1,979 sparse -> 989.4 dense,
+        # TF32 494.7 dense; FP32 67 TFLOPS.
+        peak_fp16_flops=int(989.4 * TERA),
+        peak_bf16_flops=int(989.4 * TERA),
+        peak_fp32_flops=67 * TERA,
+        # The host link is NVLink-C2C to the Grace CPU, 900 GB/s both ways (GH200 datasheet):
+        # CPU offload runs at 450 GB/s per direction, not over PCIe.
+        pcie_bandwidth_bytes_per_s=450 * GIGA,
+        architecture="hopper",
+        peak_tf32_flops=int(494.7 * TERA),
+        sm_count=132,  # deviceQuery: 132 multiprocessors
+        nvlink=True,  # multi-GH200 nodes link the GPUs with NVLink 4 (900 GB/s)
+    ),
+    # ---------------------------------------------------------------- Blackwell (sm100 / sm120)
+    GPU(
+        name="b200",
+        display_name="NVIDIA B200",
+        aliases=("nvidia-b200", "hgx-b200", "dgx-b200", "b200-sxm", "b200-180gb"),
+        # derived: torch repr (torch 2.x cu128) total_memory=182631MB = the "Total Global
+        # Memory: 178.35 GB" (GiB) pytorch/ao #4002 printed from cudaDeviceProp; a Modal B200
+        # printed 182642MB.
+        total_memory_bytes=182631 * MIB,
+        compute_capability=(10, 0),
+        bf16=True,
+        flash_attention=True,
+        # pytorch/ao #4002: the driver reports a 7680-bit bus at 3996 MHz x 2 = 7.67 TB/s
+        # (NVIDIA's HGX pages say 7.7 TB/s; the DGX B200 sheet rounds to 8 TB/s).
+        memory_bandwidth_bytes_per_s=7700 * GIGA,
+        # NVIDIA Blackwell datasheet, HGX B200 at 1,000 W (per-type table in
+        # glennklockwood.com/garden/processors/B200): FP16/BF16 2,250 dense (4,500 sparse),
+        # TF32 1,100 dense, FP32 80 TFLOPS.
+        peak_fp16_flops=2250 * TERA,
+        peak_bf16_flops=2250 * TERA,
+        peak_fp32_flops=80 * TERA,
+        pcie_bandwidth_bytes_per_s=PCIE_GEN5_X16_BYTES_PER_S,  # host CPUs of HGX B200: Gen5
+        architecture="blackwell",
+        peak_tf32_flops=1100 * TERA,
+        sm_count=148,  # torch repr: multi_processor_count=148
+        nvlink=True,  # NVLink 5, 1.8 TB/s per GPU both ways
+        memory_source_quality="derived",
+    ),
+    GPU(
+        name="rtx-5080",
+        display_name="NVIDIA GeForce RTX 5080",
+        aliases=("5080", "rtx5080", "geforce-rtx-5080", "rtx-5080-16gb"),
+        # uncertain: only a Windows figure was found (torch repr total_memory=16302MB, which is
+        # nvidia-smi's 16303 MiB less one). On Linux the driver keeps ~495 MiB back on 16 GB
+        # Blackwell (RTX 5060 Ti: nvidia-smi 16311 MiB, CUDA 15816 MiB), so 16303 - 495.
+        total_memory_bytes=15808 * MIB,
+        compute_capability=(12, 0),
+        bf16=True,
+        flash_attention=True,
+        memory_bandwidth_bytes_per_s=960 * GIGA,  # NVIDIA spec: 30 Gbps x 256-bit
+        # FP32 = 10752 cores x 2 x 2.617 GHz = 56.3 TFLOPS; tensor FP32-acc = 2x.
+        peak_fp16_flops=int(112.6 * TERA),
+        peak_bf16_flops=int(112.6 * TERA),
+        peak_fp32_flops=int(56.3 * TERA),
+        pcie_bandwidth_bytes_per_s=PCIE_GEN5_X16_BYTES_PER_S,
+        architecture="blackwell",
+        peak_tf32_flops=int(56.3 * TERA),
+        sm_count=84,  # torch repr: multi_processor_count=84
+        memory_source_quality="uncertain",
+    ),
+    GPU(
+        name="rtx-5070-ti",
+        display_name="NVIDIA GeForce RTX 5070 Ti",
+        aliases=("5070-ti", "5070ti", "rtx5070ti", "geforce-rtx-5070-ti", "rtx-5070-ti-16gb"),
+        # uncertain: no CUDA figure found; nvidia-smi shows 16303 MiB (as on the RTX 5080),
+        # less the ~495 MiB the driver keeps back on 16 GB Blackwell (see rtx-5080).
+        total_memory_bytes=15808 * MIB,
+        compute_capability=(12, 0),
+        bf16=True,
+        flash_attention=True,
+        memory_bandwidth_bytes_per_s=896 * GIGA,  # NVIDIA spec: 28 Gbps x 256-bit
+        # FP32 = 8960 cores x 2 x 2.452 GHz = 43.9 TFLOPS; tensor FP32-acc = 2x.
+        peak_fp16_flops=int(87.9 * TERA),
+        peak_bf16_flops=int(87.9 * TERA),
+        peak_fp32_flops=int(43.9 * TERA),
+        pcie_bandwidth_bytes_per_s=PCIE_GEN5_X16_BYTES_PER_S,
+        architecture="blackwell",
+        peak_tf32_flops=int(43.9 * TERA),
+        sm_count=70,  # 8960 CUDA cores / 128 per SM
+        memory_source_quality="uncertain",
+    ),
+    GPU(
+        name="rtx-5070",
+        display_name="NVIDIA GeForce RTX 5070",
+        aliases=("5070", "rtx5070", "geforce-rtx-5070", "rtx-5070-12gb"),
+        # uncertain: no CUDA figure found; nvidia-smi shows 12227 MiB, less the ~495 MiB seen
+        # kept back on 16 GB Blackwell (a 12 GB card may lose less: this errs low).
+        total_memory_bytes=11732 * MIB,
+        compute_capability=(12, 0),
+        bf16=True,
+        flash_attention=True,
+        memory_bandwidth_bytes_per_s=672 * GIGA,  # NVIDIA spec: 28 Gbps x 192-bit
+        # FP32 = 6144 cores x 2 x 2.512 GHz = 30.9 TFLOPS; tensor FP32-acc = 2x.
+        peak_fp16_flops=int(61.7 * TERA),
+        peak_bf16_flops=int(61.7 * TERA),
+        peak_fp32_flops=int(30.9 * TERA),
+        pcie_bandwidth_bytes_per_s=PCIE_GEN5_X16_BYTES_PER_S,
+        architecture="blackwell",
+        peak_tf32_flops=int(30.9 * TERA),
+        sm_count=48,  # 6144 CUDA cores / 128 per SM
+        memory_source_quality="uncertain",
+    ),
+    GPU(
+        name="rtx-5060-ti-16gb",
+        display_name="NVIDIA GeForce RTX 5060 Ti",  # the 8 GB card prints the same name
+        aliases=(
+            "5060-ti-16gb", "5060ti-16gb", "5060-ti-16g", "5060ti-16g", "rtx-5060-ti-16g",
+            "rtx5060ti-16gb",
+        ),
+        # derived: "15,816 MiB CUDA-visible" (llama.cpp's cudaMemGetInfo total; Linux, driver
+        # 595.71, Luce-Org/lucebox #407). nvidia-smi shows 16311 MiB.
+        total_memory_bytes=15816 * MIB,
+        compute_capability=(12, 0),
+        bf16=True,
+        flash_attention=True,
+        memory_bandwidth_bytes_per_s=448 * GIGA,  # NVIDIA spec: 28 Gbps x 128-bit
+        # FP32 = 4608 cores x 2 x 2.572 GHz = 23.7 TFLOPS; tensor FP32-acc = 2x.
+        peak_fp16_flops=int(47.4 * TERA),
+        peak_bf16_flops=int(47.4 * TERA),
+        peak_fp32_flops=int(23.7 * TERA),
+        pcie_bandwidth_bytes_per_s=PCIE_GEN5_X8_BYTES_PER_S,  # the RTX 5060 Ti is PCIe 5.0 x8
+        architecture="blackwell",
+        peak_tf32_flops=int(23.7 * TERA),
+        sm_count=36,  # 4608 CUDA cores / 128 per SM
+        memory_source_quality="derived",
+    ),
+    GPU(
+        name="rtx-5060-ti-8gb",
+        display_name="NVIDIA GeForce RTX 5060 Ti",  # the 16 GB card prints the same name
+        aliases=(
+            "5060-ti-8gb", "5060ti-8gb", "5060-ti-8g", "5060ti-8g", "rtx-5060-ti-8g",
+            "rtx5060ti-8gb",
+        ),
+        # uncertain: no CUDA figure found; nvidia-smi shows 8151 MiB, less the ~495 MiB kept
+        # back on the 16 GB card (an 8 GB card may lose less: this errs low).
+        total_memory_bytes=7656 * MIB,
+        compute_capability=(12, 0),
+        bf16=True,
+        flash_attention=True,
+        memory_bandwidth_bytes_per_s=448 * GIGA,  # same GB206 and memory bus as the 16 GB card
+        peak_fp16_flops=int(47.4 * TERA),
+        peak_bf16_flops=int(47.4 * TERA),
+        peak_fp32_flops=int(23.7 * TERA),
+        pcie_bandwidth_bytes_per_s=PCIE_GEN5_X8_BYTES_PER_S,
+        architecture="blackwell",
+        peak_tf32_flops=int(23.7 * TERA),
+        sm_count=36,
+        memory_source_quality="uncertain",
     ),
 )
 # fmt: on

@@ -13,6 +13,8 @@ Every number below carries a comment naming where it comes from. Three kinds of 
   figure is a lower bound, at most 1 MiB below the real one; a GiB-derived one is within
   about 5 MiB.
 * ``uncertain``: derived from a sibling card or from a report whose exact card/OS is unclear.
+  The comment gives the arithmetic (for example nvidia-smi's total less the amount the driver
+  was seen to keep back on a sibling card).
 
 ``total_memory_bytes`` is what PyTorch reports, NOT the marketing size and NOT what
 ``nvidia-smi`` shows as total: the driver keeps some memory back (e.g. H100 80GB HBM3:
@@ -27,6 +29,14 @@ Peak FLOP figures are dense (no 2:4 sparsity) tensor-core rates with FP32 accumu
 NVIDIA datasheets / architecture whitepapers. GeForce cards run FP16/BF16 tensor math with
 FP32 accumulate at half the FP16-accumulate rate; the figures below are the FP32-accumulate
 ones, which is what PyTorch autocast uses.
+
+AMD Instinct cards (``architecture`` in ``ROCM_ARCHITECTURES``) are reached through PyTorch's
+ROCm build, which keeps the ``torch.cuda`` API: ``total_memory`` is hipDeviceProp's
+``totalGlobalMem``, ``compute_capability`` is the (major, minor) PyTorch derives from the
+gfx target (gfx942, MI300X: (9, 4); note that gfx90a, MI250X, reads (9, 0) like Hopper), and
+``sm_count`` is the number of compute units. ``flash_attention`` there means the AOTriton
+kernels behind SDPA's FLASH backend support the gfx target (sdp_utils.cpp,
+check_flash_attention_hardware_support under USE_ROCM), not the sm80-sm121 range.
 """
 
 from __future__ import annotations
@@ -46,17 +56,23 @@ GIGA = 10**9  # GB/s (decimal, as datasheets give it) -> bytes/s
 PCIE_GEN3_X16_BYTES_PER_S = 8 * 10**9 * 16 * 128 // 130 // 8  # 15.75 GB/s
 PCIE_GEN4_X8_BYTES_PER_S = 16 * 10**9 * 8 * 128 // 130 // 8  # 15.75 GB/s (RTX 4060 is x8)
 PCIE_GEN4_X16_BYTES_PER_S = 16 * 10**9 * 16 * 128 // 130 // 8  # 31.51 GB/s
+PCIE_GEN5_X8_BYTES_PER_S = 32 * 10**9 * 8 * 128 // 130 // 8  # 31.51 GB/s (RTX 5060 Ti is x8)
 PCIE_GEN5_X16_BYTES_PER_S = 32 * 10**9 * 16 * 128 // 130 // 8  # 63.02 GB/s
 
 # PyTorch's SDPA FLASH backend: aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
 # check_flash_attention_hardware_support() accepts check_sm_version<sm80, sm121> (inclusive)
-# in current source; older releases used <sm80, sm90>. Either way: Ampere, Ada, Hopper yes; Volta,
-# Turing no. (It also needs fp16/bf16 inputs and head_dim <= 256; that is the caller's
-# business.)
+# in current source; older releases used <sm80, sm90>. Either way: Ampere, Ada, Hopper,
+# Blackwell (sm100, sm120) yes; Volta, Turing no. (It also needs fp16/bf16 inputs and
+# head_dim <= 256; that is the caller's business.) On ROCm the same function asks AOTriton
+# whether it was built for the gfx target (aotriton::v2::flash::check_gpu); gfx942 (MI300X) is
+# one of its primary targets, gfx11xx needs TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1.
 FLASH_ATTENTION_MIN_CC = (8, 0)
 FLASH_ATTENTION_MAX_CC = (12, 1)
-# Native bf16 (tensor-core bf16 and bf16 arithmetic) arrived with sm80 (Ampere).
+# Native bf16 (tensor-core bf16 and bf16 arithmetic) arrived with sm80 (Ampere); CDNA2 and
+# later have it too.
 BF16_MIN_CC = (8, 0)
+#: ``GPU.architecture`` values of AMD cards run by PyTorch's ROCm build (see the module doc).
+ROCM_ARCHITECTURES = frozenset({"cdna3"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,13 +91,20 @@ class GPU:
     peak_bf16_flops: int  # 0 when unsupported
     peak_fp32_flops: int  # non-tensor-core fp32
     pcie_bandwidth_bytes_per_s: int  # host link, one direction
-    architecture: str  # "turing", "volta", "ampere", "ada", "hopper"
+    architecture: str  # "turing", "volta", "ampere", "ada", "hopper", "blackwell", "cdna3"
     # Extras beyond the core spec (defaults keep direct construction cheap):
     peak_tf32_flops: int = 0  # dense TF32 tensor-core rate; 0 before Ampere
     sm_count: int = 0  # multiprocessors (cudaDeviceProp.multiProcessorCount)
-    nvlink: bool = False  # GPUs of this SKU are normally linked by NVLink (SXM boards)
+    # GPUs of this SKU are normally linked by NVLink (SXM boards; AMD's Infinity Fabric on OAM
+    # boards counts too). Two-card NVLink bridges (A40, H100 NVL) do not.
+    nvlink: bool = False
     memory_source_quality: str = "exact"  # "exact", "derived" or "uncertain" (see module doc)
 
     @property
     def total_memory_gib(self) -> float:
         return self.total_memory_bytes / GIB
+
+    @property
+    def rocm(self) -> bool:
+        """An AMD card, run by PyTorch's ROCm build behind the torch.cuda API."""
+        return self.architecture in ROCM_ARCHITECTURES
