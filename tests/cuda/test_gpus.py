@@ -51,11 +51,14 @@ REQUIRED_NAMES = [
     "h100-nvl",
     "gh200",
     "b200",
+    "rtx-pro-6000",
+    "rtx-5090",
     "rtx-5080",
     "rtx-5070-ti",
     "rtx-5070",
     "rtx-5060-ti-16gb",
     "rtx-5060-ti-8gb",
+    "mi300x",
 ]
 
 #: Every "exact" entry's byte figure, as the deviceQuery / torch print its comment cites.
@@ -81,6 +84,7 @@ EXACT_BYTES = {
     "rtx-6000-ada": 50865307648,  # unsloth-zoo PR #1053: "exactly 50,865,307,648 bytes"
     "h100-sxm": 85028896768,  # deviceQuery (driver 12.8) "81090 MBytes (85028896768 bytes)"
     "gh200": 101468602368,  # deviceQuery (driver 12.9) "96768 MBytes (101468602368 bytes)"
+    "rtx-5090": 33680457728,  # deviceQuery (driver 12.8) "32120 MBytes (33680457728 bytes)"
 }
 
 #: MiB- or GiB-derived entries: the MiB figure their comment cites.
@@ -94,7 +98,9 @@ DERIVED_MIB = {
     "h200": 143156,  # torch repr
     "h100-nvl": 95232,  # OOM 93.00 GiB
     "b200": 182631,  # torch repr total_memory=182631MB = 178.35 GiB (pytorch/ao #4002)
+    "rtx-pro-6000": 97250,  # torch repr
     "rtx-5060-ti-16gb": 15816,  # llama.cpp "15,816 MiB CUDA-visible"
+    "mi300x": 196592,  # torch repr on ROCm
 }
 
 
@@ -167,11 +173,14 @@ def test_total_memory_is_below_marketing_size_and_sane() -> None:
         "h100-nvl": 94,
         "gh200": 96,
         "b200": 180,
+        "rtx-pro-6000": 96,
+        "rtx-5090": 32,
         "rtx-5080": 16,
         "rtx-5070-ti": 16,
         "rtx-5070": 12,
         "rtx-5060-ti-16gb": 16,
         "rtx-5060-ti-8gb": 8,
+        "mi300x": 192,
     }
     assert set(nameplate_gb) == {g.name for g in list_gpus()}
     for name, gb in nameplate_gb.items():
@@ -213,6 +222,9 @@ def test_total_memory_is_below_marketing_size_and_sane() -> None:
         ("4060 Ti 16G", "rtx-4060-ti-16gb"),
         ("4060ti 8GB", "rtx-4060-ti-8gb"),
         ("rtx-4060-ti-8gb", "rtx-4060-ti-8gb"),
+        ("RTX 5090", "rtx-5090"),
+        ("5090", "rtx-5090"),
+        ("NVIDIA GeForce RTX 5090", "rtx-5090"),
         ("rtx5080", "rtx-5080"),
         ("NVIDIA GeForce RTX 5080", "rtx-5080"),
         ("5070 Ti", "rtx-5070-ti"),
@@ -223,6 +235,8 @@ def test_total_memory_is_below_marketing_size_and_sane() -> None:
         ("B200", "b200"),
         ("NVIDIA B200", "b200"),
         ("HGX B200", "b200"),
+        ("MI300X", "mi300x"),
+        ("AMD Instinct MI300X", "mi300x"),
         ("a40", "a40"),
         ("NVIDIA A40", "a40"),
         ("l40", "l40"),
@@ -233,6 +247,8 @@ def test_total_memory_is_below_marketing_size_and_sane() -> None:
         ("H100 NVL", "h100-nvl"),
         ("NVIDIA GH200 480GB", "gh200"),
         ("GH200", "gh200"),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "rtx-pro-6000"),
+        ("RTX PRO 6000 Blackwell Workstation Edition", "rtx-pro-6000"),
     ],
 )
 def test_aliases_resolve(alias: str, expected: str) -> None:
@@ -357,6 +373,14 @@ def test_geforce_tensor_rates_follow_the_half_rate_rule(gpu: GPU) -> None:
     assert gpu.peak_fp16_flops == pytest.approx(factor * gpu.peak_fp32_flops, rel=0.01)
     if gpu.bf16:
         assert gpu.peak_tf32_flops == pytest.approx(gpu.peak_fp32_flops, rel=0.01)
+
+
+def test_rocm_cards() -> None:
+    mi300x = get_gpu("mi300x")
+    assert mi300x.rocm and not get_gpu("h100-sxm").rocm
+    assert mi300x.compute_capability == (9, 4)  # torch's reading of gfx942
+    assert mi300x.sm_count == 304  # compute units
+    assert mi300x.total_memory_bytes == 192 * GIB - 16 * MIB
 
 
 def test_hopper_numbers() -> None:

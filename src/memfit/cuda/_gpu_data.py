@@ -737,6 +737,56 @@ CATALOG: tuple[GPU, ...] = (
         memory_source_quality="derived",
     ),
     GPU(
+        name="rtx-pro-6000",
+        display_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        aliases=(
+            "rtx-pro-6000-blackwell", "rtx-pro-6000-blackwell-workstation-edition",
+            "rtxpro6000", "pro-6000",
+        ),
+        # derived: torch repr (torch 2.7.1+cu128, Server Edition) total_memory=97250MB, 188
+        # multiprocessors. The Workstation Edition has the same 96 GB GDDR7 (ECC) and is
+        # assumed to report the same; nvidia-smi shows 97887 MiB.
+        total_memory_bytes=97250 * MIB,
+        compute_capability=(12, 0),
+        bf16=True,
+        flash_attention=True,
+        memory_bandwidth_bytes_per_s=1792 * GIGA,  # datasheet: 1,792 GB/s (28 Gbps x 512-bit)
+        # Pro card: FP32 accumulate at full rate (a cuBLASLt bf16 benchmark measured 457.6
+        # TFLOPS, above any half-rate figure). FP16 dense = 4,000 AI TOPS (FP4 sparse) / 8 =
+        # 500; FP32 = 24064 cores x 2 x 2.617 GHz = 125.9 TFLOPS; TF32 half the FP16 rate.
+        peak_fp16_flops=500 * TERA,
+        peak_bf16_flops=500 * TERA,
+        peak_fp32_flops=int(125.9 * TERA),
+        pcie_bandwidth_bytes_per_s=PCIE_GEN5_X16_BYTES_PER_S,  # datasheet: PCIe Gen5 x16
+        architecture="blackwell",
+        peak_tf32_flops=250 * TERA,
+        sm_count=188,  # torch repr: multi_processor_count=188
+        memory_source_quality="derived",
+    ),
+    GPU(
+        name="rtx-5090",
+        display_name="NVIDIA GeForce RTX 5090",
+        aliases=("5090", "rtx5090", "geforce-rtx-5090", "rtx-5090-32gb"),
+        # exact: deviceQuery (driver 12.8; NVIDIA/nccl #1637) "32120 MBytes (33680457728
+        # bytes)"; Fedora, driver 570.133: 32117 MiB (33677180928 bytes); the OOM message says
+        # "total capacity of 31.37 GiB". nvidia-smi shows 32607 MiB.
+        total_memory_bytes=33680457728,
+        compute_capability=(12, 0),
+        bf16=True,
+        flash_attention=True,
+        memory_bandwidth_bytes_per_s=1792 * GIGA,  # NVIDIA spec: 28 Gbps x 512-bit
+        # GeForce rule, as on Ada: FP16/BF16 tensor w/ FP32 acc = 2x FP32 (FP16-acc 419
+        # dense / 838 sparse); FP32 = 21760 cores x 2 x 2.407 GHz = 104.8 TFLOPS. Measured
+        # bf16 and tf32 matmuls both run ~1.2x these at real boost clocks, ratio 2:1 as here.
+        peak_fp16_flops=int(209.5 * TERA),
+        peak_bf16_flops=int(209.5 * TERA),
+        peak_fp32_flops=int(104.8 * TERA),
+        pcie_bandwidth_bytes_per_s=PCIE_GEN5_X16_BYTES_PER_S,  # PCIe 5.0 x16
+        architecture="blackwell",
+        peak_tf32_flops=int(104.8 * TERA),
+        sm_count=170,  # deviceQuery: 170 multiprocessors
+    ),
+    GPU(
         name="rtx-5080",
         display_name="NVIDIA GeForce RTX 5080",
         aliases=("5080", "rtx5080", "geforce-rtx-5080", "rtx-5080-16gb"),
@@ -846,6 +896,32 @@ CATALOG: tuple[GPU, ...] = (
         peak_tf32_flops=int(23.7 * TERA),
         sm_count=36,
         memory_source_quality="uncertain",
+    ),
+    # ---------------------------------------------------------------- AMD CDNA 3 (gfx942, ROCm)
+    GPU(
+        name="mi300x",
+        display_name="AMD Instinct MI300X",
+        aliases=("instinct-mi300x", "amd-mi300x", "amd-instinct-mi300x"),
+        # derived: torch repr on ROCm (torch 2.3 and torch 2.6 / ROCm 6.2.4, two sources;
+        # ROCm/ROCm #4203) total_memory=196592MB, i.e. 192 GiB less 16 MiB.
+        total_memory_bytes=196592 * MIB,
+        # torch.cuda.get_device_capability() on gfx942 (torch repr: major=9, minor=4). Not an
+        # NVIDIA sm: see the module doc.
+        compute_capability=(9, 4),
+        bf16=True,
+        flash_attention=True,  # AOTriton supports gfx942 (see FLASH_ATTENTION_MIN_CC's note)
+        memory_bandwidth_bytes_per_s=5300 * GIGA,  # MI300X datasheet: 5.3 TB/s HBM3
+        # MI300X datasheet: FP16/BF16 matrix 1,307.4 TFLOPS dense (2,614.9 sparse), TF32
+        # 653.7 dense, FP32 vector 163.4 TFLOPS.
+        peak_fp16_flops=int(1307.4 * TERA),
+        peak_bf16_flops=int(1307.4 * TERA),
+        peak_fp32_flops=int(163.4 * TERA),
+        pcie_bandwidth_bytes_per_s=PCIE_GEN5_X16_BYTES_PER_S,  # datasheet: PCIe Gen5 x16
+        architecture="cdna3",
+        peak_tf32_flops=int(653.7 * TERA),
+        sm_count=304,  # torch repr: multi_processor_count=304 (compute units)
+        nvlink=True,  # OAM boards: 7 Infinity Fabric links, 896 GB/s aggregate
+        memory_source_quality="derived",
     ),
 )
 # fmt: on
