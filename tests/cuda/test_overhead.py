@@ -46,7 +46,7 @@ def test_hopper_workspace_differs_from_ampere() -> None:
     assert hopper.through_allocator and ampere.through_allocator
 
 
-@pytest.mark.parametrize("gpu", list_gpus(), ids=lambda g: g.name)
+@pytest.mark.parametrize("gpu", [g for g in list_gpus() if not g.rocm], ids=lambda g: g.name)
 def test_items_sum_correctly(gpu: GPU) -> None:
     overhead = device_overhead(gpu, n_gpus=4, uses_conv=True)
     outside = sum(i.bytes for i in overhead.items if not i.through_allocator)
@@ -118,6 +118,8 @@ def test_context_is_outside_allocator_and_scales_with_sms() -> None:
     assert cuda_local_memory_bytes(get_gpu("t4")) == 40 * 1024 * 1024
     # every lazy-loading context lands in the measured 250-500 MiB band
     for gpu in list_gpus():
+        if gpu.rocm:
+            continue  # not modelled: see test_rocm_overhead_is_refused
         ctx = device_overhead(gpu).item("cuda_context")
         assert ctx is not None
         assert 200 * MiB <= ctx.bytes <= 500 * MiB, gpu.name
@@ -150,3 +152,8 @@ def test_overhead_is_frozen() -> None:
     overhead = device_overhead(get_gpu("l4"))
     with pytest.raises(AttributeError):
         overhead.items = ()  # type: ignore[misc]
+
+
+def test_rocm_overhead_is_refused() -> None:
+    with pytest.raises(BadInputError, match=r"ROCm build.*not available yet"):
+        device_overhead(get_gpu("mi300x"))

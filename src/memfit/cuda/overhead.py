@@ -53,6 +53,8 @@ MAX_THREADS_PER_SM = {
     (8, 7): 1536,  # Orin
     (8, 9): 1536,  # Ada
     (9, 0): 2048,  # Hopper
+    (10, 0): 2048,  # B200 (sm_100)
+    (12, 0): 1536,  # RTX 50 series, RTX PRO 6000 Blackwell (sm_120; deviceQuery: 1536)
 }
 _DEFAULT_MAX_THREADS_PER_SM = 2048  # newer architectures: the larger value, to stay safe
 
@@ -368,6 +370,13 @@ def device_overhead(
     ):
         raise BadInputError(
             f"cuda_version must be a (major, minor) tuple such as (12, 8), got {cuda_version!r}."
+        )
+    if gpu.rocm:
+        raise BadInputError(
+            f"{gpu.display_name} runs PyTorch's ROCm build. memfit models the memory CUDA takes "
+            "beside the tensors (the CUDA context, cuBLAS and cuDNN workspaces), not ROCm's "
+            "(the HIP context, hipBLASLt's workspace): its estimates are not available yet. "
+            "`memfit gpus` lists its capacity."
         )
     items = _context_items(gpu, cuda_version)
     if uses_matmul:

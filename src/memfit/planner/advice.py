@@ -28,7 +28,9 @@ def what_would_fit(
             (
                 g
                 for g in list_gpus()
-                if g.total_memory_bytes * 0.95 >= need and (g.bf16 or not needs_bf16)
+                if g.total_memory_bytes * 0.95 >= need
+                and (g.bf16 or not needs_bf16)
+                and not g.rocm  # memfit cannot estimate for it yet (cuda/overhead.py)
             ),
             key=lambda g: g.total_memory_bytes,
         )
