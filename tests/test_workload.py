@@ -50,7 +50,7 @@ def test_gpus_validation_and_fsdp_config():
     from memfit import BadInputError, Workload
     from memfit.techniques import FSDPConfig, configs_from_workload
 
-    with pytest.raises(BadInputError, match="--gpus"):
+    with pytest.raises(BadInputError, match="gpus=1"):
         Workload(gpus=0)
     with pytest.raises(BadInputError, match="CPUOffloadPolicy"):
         Workload(gpus=2, offload_optimizer=True)
@@ -70,3 +70,57 @@ def test_fsdp_mixed_precision_is_the_policy_unless_autocast_is_asked():
         Workload(precision="bf16-mixed", fsdp_autocast=True)
     with pytest.raises(BadInputError, match="fsdp_autocast"):
         Workload(gpus=2, precision="fp32", fsdp_autocast=True)
+
+
+def test_optimizer_follows_the_mode_unless_given():
+    assert Workload().optimizer == "adamw"
+    assert Workload(mode="inference").optimizer == "none"
+    assert Workload(optimizer="sgd").optimizer == "sgd"
+    assert Workload(mode="inference", optimizer="none").optimizer == "none"
+    # A copy that changes the mode takes that mode's optimizer when none was given ...
+    assert Workload().with_(mode="inference").optimizer == "none"
+    assert Workload(mode="inference").with_(mode="train").optimizer == "adamw"
+    # ... and keeps one that was, so a training-only optimizer in inference is refused.
+    with pytest.raises(BadInputError, match="optimizer='sgd'"):
+        Workload(optimizer="sgd").with_(mode="inference")
+    # Equal workloads compare equal however the optimizer came.
+    assert Workload(optimizer="adamw") == Workload()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"optimizer": "adamw"}, "optimizer='adamw'"),
+        ({"grad_accum": 4}, "grad_accum=4"),
+        ({"checkpointing": "blocks"}, "checkpointing='blocks'"),
+        ({"lora": LoraConfig(rank=8)}, "lora=LoraConfig(rank=8)"),
+        ({"offload_optimizer": True}, "offload_optimizer=True"),
+        ({"freeze": ("transformer.h.0",)}, "freeze=('transformer.h.0',)"),
+    ],
+)
+def test_training_only_options_with_inference_are_refused(kwargs, named):
+    with pytest.raises(BadInputError) as e:
+        Workload(mode="inference", **kwargs)
+    assert named in str(e.value)
+    assert "mode='train'" in str(e.value)
+
+
+def test_messages_name_the_python_parameters():
+    with pytest.raises(BadInputError, match=r"batch_size must be a positive integer, got 0\. "
+                       r"Pass e\.g\. batch_size=1\."):  # fmt: skip
+        Workload(batch_size=0)
+    with pytest.raises(BadInputError) as e:
+        Workload(embedding_on_cpu=True, tie_embeddings=True)
+    assert "--" not in str(e.value)
+
+
+def test_same_value_forms_as_the_cli():
+    assert LoraConfig(rank=4, targets="q_proj, v_proj").targets == ("q_proj", "v_proj")
+    assert LoraConfig(rank=4, targets=["q_proj"]).targets == ("q_proj",)
+    assert Workload(freeze="transformer.wte,transformer.wpe").freeze == (
+        "transformer.wte",
+        "transformer.wpe",
+    )
+    assert Workload(gpu="rtx-4090@12GiB").gpu == "rtx-4090@12GiB"
+    with pytest.raises(BadInputError, match="rtx-4090"):
+        Workload(gpu="rtx-4091")

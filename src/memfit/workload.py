@@ -2,7 +2,13 @@
 
 A `Workload` is a frozen, keyword-only description of one step: batch, sequence length (or image
 size), mode, precision, optimizer and memory techniques. It is validated on construction, so a
-bad value fails early with a message that quotes it and says the fix.
+bad value fails early with a message that quotes it and says the fix. Messages name the Python
+parameters (`batch_size=1`); the CLI rewrites them to its flags (`--batch 1`).
+
+An option that does not apply to the step is an error, never ignored: a training-only option
+(an optimizer, gradient accumulation, checkpointing, LoRA, offload, frozen prefixes) with
+`mode="inference"`, here; an option the model has no use for (`seq_len` on a vision model,
+`image_size` on a text model) when the model is known (`memfit.estimate`).
 
 Example:
     >>> from memfit import Workload
@@ -12,7 +18,8 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memfit.errors import BadInputError, closest
@@ -46,17 +53,28 @@ class LoraConfig:
     Attributes:
         rank: adapter rank r (A is r x in_features, B is out_features x r).
         alpha: scaling numerator (scale = alpha / rank); does not change memory.
-        targets: module-name suffixes to adapt, e.g. ("q_proj", "v_proj"). Empty means
-            "every nn.Linear inside the repeated blocks".
+        targets: module-name suffixes to adapt, e.g. ("q_proj", "v_proj"), or the same as one
+            comma-separated string, "q_proj,v_proj" (the form `--lora-targets` takes); kept as a
+            tuple. Empty means "every nn.Linear inside the repeated blocks".
     """
 
     rank: int
     alpha: float = 16.0
-    targets: tuple[str, ...] = ()
+    targets: str | Sequence[str] = ()
 
     def __post_init__(self) -> None:
-        if self.rank <= 0:
-            raise BadInputError(f"LoRA rank must be a positive integer, got {self.rank!r}.")
+        if not _is_int(self.rank) or self.rank <= 0:
+            raise BadInputError(
+                f"LoRA rank must be a positive integer, got {self.rank!r}. "
+                "Pass e.g. LoraConfig(rank=8)."
+            )
+        if (
+            isinstance(self.alpha, bool)
+            or not isinstance(self.alpha, (int, float))
+            or self.alpha <= 0
+        ):
+            raise BadInputError(f"LoRA alpha must be a positive number, got {self.alpha!r}.")
+        object.__setattr__(self, "targets", _names("LoRA targets", self.targets))
 
     @property
     def label(self) -> str:
@@ -70,20 +88,28 @@ class Workload:
 
     Attributes:
         batch_size: micro-batch size (samples per forward).
-        seq_len: tokens per sample for text models; ignored for images.
-        image_size: side of the square input image for vision models.
+        seq_len: tokens per sample for text (and audio-decoder) models; None: 512, or the
+            model's own length. Given for a model whose input is not tokens, an error.
+        image_size: side of the square input image for vision models; None: the model's own.
+            Given for a model whose input is not an image, an error.
         mode: "train" (forward, backward, optimizer step) or "inference" (forward under no_grad).
+            The options below that only change training (optimizer, grad_accum, checkpointing,
+            lora, freeze, offload_optimizer) are errors with "inference".
         precision: one of PRECISIONS.
-        optimizer: one of OPTIMIZERS; "none" runs forward + backward without a step.
+        optimizer: one of OPTIMIZERS; "none" runs forward + backward without a step. None (not
+            given): "adamw" in training, "none" in inference. Read after construction, it is
+            always one of OPTIMIZERS.
         grad_accum: gradient-accumulation steps (micro-batches per optimizer step).
         checkpointing: "off" or "blocks" (non-reentrant checkpoint on every repeated block).
         checkpoint_first: with checkpointing "blocks", checkpoint only the first k repeated
             blocks (those nearest the input, whose recomputation happens last in backward,
             when the later blocks' activations are already freed); None means all.
         lora: LoRA adapters, or None.
-        freeze: module-name prefixes whose parameters are frozen (no grad, no optimizer state).
+        freeze: module-name prefixes whose parameters are frozen (no grad, no optimizer state);
+            a tuple, or one comma-separated string.
         attention: "sdpa" (PyTorch scaled_dot_product_attention) or "eager" (explicit softmax).
-        gpu: target GPU name from the catalog (decides the attention kernel and "fits"), or None.
+        gpu: target GPU name from the catalog (decides the attention kernel and "fits"), or a
+            card limited to a budget ("rtx-4090@12GiB", a bare "12GiB"), or None.
         offload_optimizer: keep optimizer state on the CPU and run the update there (gradients
             go down and parameters come back over PCIe each step).
         embedding_on_cpu: keep the input embedding table (weights, gradients, optimizer state)
@@ -105,7 +131,8 @@ class Workload:
     image_size: int | None = None
     mode: str = "train"
     precision: str = "fp32"
-    optimizer: str = "adamw"
+    # None until __post_init__ resolves it from the mode; a str on every constructed Workload.
+    optimizer: str = None  # type: ignore[assignment]
     grad_accum: int = 1
     checkpointing: str = "off"
     checkpoint_first: int | None = None
@@ -119,34 +146,97 @@ class Workload:
     gpus: int = 1
     fsdp_autocast: bool = False
     steps: int = 2
+    #: Whether the optimizer was given, not resolved from the mode (see `with_`).
+    _optimizer_given: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _positive("batch_size", self.batch_size, "--batch")
+        self._check_values()
+        object.__setattr__(self, "_optimizer_given", self.optimizer is not None)
+        if self.optimizer is None:
+            object.__setattr__(self, "optimizer", "adamw" if self.mode == "train" else "none")
+        self._check_inference()
+        self._check_combinations()
+
+    def _check_values(self) -> None:
+        """Each field on its own: types, ranges, choices."""
+        _positive("batch_size", self.batch_size)
         if self.seq_len is not None:
-            _positive("seq_len", self.seq_len, "--seq")
+            _positive("seq_len", self.seq_len)
         if self.image_size is not None:
-            _positive("image_size", self.image_size, "--image-size")
-        _positive("grad_accum", self.grad_accum, "--grad-accum")
-        _positive("steps", self.steps, "steps")
-        _positive("gpus", self.gpus, "--gpus")
+            _positive("image_size", self.image_size)
+        _positive("grad_accum", self.grad_accum)
+        _positive("steps", self.steps)
+        _positive("gpus", self.gpus)
         check_choice("mode", self.mode, MODES)
         check_choice("precision", self.precision, PRECISIONS)
-        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        if self.optimizer is not None:
+            check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_choice("checkpointing", self.checkpointing, CHECKPOINTING)
-        if self.checkpoint_first is not None:
-            if self.checkpointing != "blocks":
-                raise BadInputError(
-                    "checkpoint_first needs checkpointing='blocks' (--checkpointing blocks)."
-                )
-            if isinstance(self.checkpoint_first, bool) or self.checkpoint_first < 0:
-                raise BadInputError(
-                    f"checkpoint_first must be a block count >= 0, got {self.checkpoint_first!r}."
-                )
         check_choice("attention", self.attention, ATTENTION)
+        for flag in ("offload_optimizer", "embedding_on_cpu", "tie_embeddings"):
+            if not isinstance(getattr(self, flag), bool):
+                raise BadInputError(f"{flag} must be True or False, got {getattr(self, flag)!r}.")
+        if self.lora is not None and not isinstance(self.lora, LoraConfig):
+            raise BadInputError(
+                f"lora must be a LoraConfig or None, got {self.lora!r}. "
+                "Pass e.g. lora=LoraConfig(rank=8)."
+            )
+        object.__setattr__(self, "freeze", _names("freeze", self.freeze))
+        if self.checkpoint_first is not None and (
+            not _is_int(self.checkpoint_first) or self.checkpoint_first < 0
+        ):
+            raise BadInputError(
+                f"checkpoint_first must be a block count >= 0, got {self.checkpoint_first!r}."
+            )
+        if self.gpu is not None and not isinstance(self.gpu, str):
+            raise BadInputError(
+                f"gpu must be a GPU name such as 'rtx-4090' (see `memfit gpus`), got {self.gpu!r}."
+            )
+        if self.gpu is not None:
+            # Here, not at the top: the GPU catalog is only needed when a GPU is named.
+            from memfit.cuda.target import get_gpu
+
+            get_gpu(self.gpu)  # an unknown name or a bad budget raises, naming the closest
+
+    def _check_inference(self) -> None:
+        """A training-only option with mode="inference" would be ignored: say so instead."""
+        if self.training:
+            return
+        given = []
+        if self._optimizer_given and self.optimizer != "none":
+            given.append(f"optimizer={self.optimizer!r}")
+        if self.grad_accum != 1:
+            given.append(f"grad_accum={self.grad_accum}")
+        if self.checkpointing != "off":
+            given.append(f"checkpointing={self.checkpointing!r}")
+        if self.lora is not None:
+            given.append(f"lora=LoraConfig(rank={self.lora.rank})")
+        if self.offload_optimizer:
+            given.append("offload_optimizer=True")
+        if self.freeze:
+            given.append(f"freeze={self.freeze!r}")
+        if given:
+            it = "it" if len(given) == 1 else "them"
+            raise BadInputError(
+                f"{', '.join(given)}: only a training step uses {it}, and mode is 'inference' "
+                "(a forward under no_grad: no gradients, no optimizer step, nothing to "
+                f"recompute). Drop {it}, or use mode='train'."
+            )
+
+    def _check_combinations(self) -> None:
+        """Options that are fine alone and conflict together."""
+        if self.checkpoint_first is not None and self.checkpointing != "blocks":
+            raise BadInputError("checkpoint_first needs checkpointing='blocks'.")
+        if self.training and self.offload_optimizer and self.optimizer == "none":
+            raise BadInputError(
+                "offload_optimizer=True moves optimizer state to the CPU, and optimizer is "
+                "'none'. Name an optimizer (e.g. optimizer='adamw') or drop offload_optimizer."
+            )
         if self.gpus > 1 and (self.offload_optimizer or self.embedding_on_cpu):
             raise BadInputError(
-                "With FSDP over several GPUs (--gpus), memfit does not model optimizer offload or "
-                "an embedding on the CPU (FSDP2 has its own CPUOffloadPolicy). Drop one of them."
+                f"With FSDP over several GPUs (gpus={self.gpus}), memfit does not model "
+                "offload_optimizer or embedding_on_cpu (FSDP2 has its own CPUOffloadPolicy). "
+                "Drop one of them."
             )
         if self.fsdp_autocast and not (self.gpus > 1 and self.mixed):
             raise BadInputError(
@@ -156,7 +246,7 @@ class Workload:
             )
         if self.embedding_on_cpu and self.tie_embeddings:
             raise BadInputError(
-                "--embedding-on-cpu and --tie-embeddings conflict: a tied output projection "
+                "embedding_on_cpu and tie_embeddings conflict: a tied output projection "
                 "would have to run on the CPU too. Choose one."
             )
 
@@ -195,20 +285,50 @@ class Workload:
         return self.precision.endswith("-true")
 
     def with_(self, **changes: Any) -> Workload:
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again).
+
+        An optimizer that was not given follows the mode: `Workload().with_(mode="inference")`
+        has no optimizer, as `Workload(mode="inference")` has none.
+        """
+        if "mode" in changes and "optimizer" not in changes and not self._optimizer_given:
+            changes["optimizer"] = None
         return replace(self, **changes)
 
 
-def _positive(name: str, value: object, flag: str) -> None:
+def _is_int(value: object) -> bool:
+    """An int, not a bool (True is an int to Python, never a count to a user)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise BadInputError(
-            f"{name} must be a positive integer, got {value!r}. Pass e.g. {flag} 1."
+            f"{name} must be a positive integer, got {value!r}. Pass e.g. {name}=1."
         )
 
 
-def check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
+def _names(what: str, value: object) -> tuple[str, ...]:
+    """Module names as a tuple: from a tuple or list of names, or a comma-separated string."""
+    if isinstance(value, str):
+        items: list[object] = [v.strip() for v in value.split(",") if v.strip()]
+        if not items:
+            raise BadInputError(
+                f"{what} {value!r} names no module. Give names, e.g. 'q_proj,v_proj', or leave "
+                "it out."
+            )
+    elif isinstance(value, (tuple, list)):
+        items = list(value)
+    else:
         raise BadInputError(
-            f"Unknown {name} {value!r}.{closest(value, list(allowed))} "
-            f"Choose one of: {', '.join(allowed)}."
+            f"{what} must be a tuple of module names or a comma-separated string, got {value!r}."
         )
+    for item in items:
+        if not isinstance(item, str) or not item.strip():
+            raise BadInputError(f"{what}: {item!r} in {value!r} is not a module name.")
+    return tuple(str(i).strip() for i in items)
+
+
+def check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        hint = closest(value, list(allowed)) if isinstance(value, str) else ""
+        raise BadInputError(f"Unknown {name} {value!r}.{hint} Choose one of: {', '.join(allowed)}.")

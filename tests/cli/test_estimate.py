@@ -168,3 +168,50 @@ def test_estimate_over_gpus_shards_parameters():
     assert 0.249 < ratio < 0.252
     assert "FSDP over 4 GPUs" in four["workload"]["techniques"]
     assert four["workload"]["gpus"] == 4 and one["workload"]["gpus"] == 1
+
+
+def test_inference_takes_no_training_options():
+    # Without --optimizer, inference has none (the report must not show the training default);
+    # a training-only option given with --mode inference is an error, not ignored.
+    out = json.loads(run("estimate", "gpt2", "--seq", "32", "--mode", "inference", "--json").stdout)
+    assert out["workload"]["optimizer"] == "none"
+    result = run("estimate", "gpt2", "--mode", "inference", "--optimizer", "adamw")
+    assert result.exit_code == 2
+    assert "--optimizer adamw: only a training step uses it" in result.output
+
+
+def test_pictures_are_checked_before_the_estimate(tmp_path, monkeypatch):
+    import memfit.estimator.estimate as estimator
+
+    def never(*args, **kwargs):
+        raise AssertionError("the estimate ran before the picture path was checked")
+
+    monkeypatch.setattr(estimator, "estimate", never)
+    result = run("estimate", "gpt2", "--snapshot", str(tmp_path / "no" / "s.pickle"))
+    assert result.exit_code == 2
+    assert f"the folder {str(tmp_path / 'no')!r} does not exist" in result.output
+
+
+def test_python_results_print_their_headline():
+    # The Python faces: an Estimate shows its numbers, not a dataclass dump of its events; an
+    # OomReport prints as the CLI renders it.
+    import torch
+
+    import memfit
+    from memfit.simulation.oom import render_oom
+    from memfit.units import format_bytes
+
+    est = memfit.estimate("gpt2", memfit.Workload(seq_len=32, mode="inference"), gpu="t4")
+    p = est.profile
+    assert repr(est) == (
+        f"Estimate('gpt2': peak allocated {format_bytes(p.peak_allocated_bytes)}, reserved "
+        f"{format_bytes(p.peak_reserved_bytes)}, device total "
+        f"{format_bytes(p.device_total_bytes)}, fits t4)"
+    )
+    with (
+        memfit.simulate(budget_bytes=4 << 20, workspaces=False),
+        pytest.raises(torch.OutOfMemoryError) as info,
+    ):
+        torch.empty(8 << 20, dtype=torch.uint8)
+    report = memfit.explain_oom(info.value)
+    assert str(report) == render_oom(report)

@@ -10,10 +10,29 @@ from memfit.report.memory_viz import to_memory_viz
 from memfit.report.timeline import render_png
 
 
-def check_timeline_path(timeline: Path | None) -> None:
-    """A timeline is drawn as PNG or HTML; say so before any work is done."""
+def check_picture_paths(timeline: Path | None, snapshot: Path | None) -> None:
+    """Say what is wrong with `--timeline` or `--snapshot` before any work is done, not after
+    a long estimate or a training run: a timeline is drawn as PNG or HTML, and both files go
+    into a folder that exists."""
     if timeline is not None and timeline.suffix.lower() not in (".png", ".html", ".htm"):
         raise BadInputError(f"--timeline {str(timeline)!r}: the file must end in .png or .html.")
+    for flag, path, example in (
+        ("--timeline", timeline, "memory.html"),
+        ("--snapshot", snapshot, "memory.pickle"),
+    ):
+        if path is None:
+            continue
+        folder = path.parent
+        if path.is_dir():
+            raise BadInputError(
+                f"{flag} {str(path)!r} is a folder; give a file name in it, e.g. "
+                f"{str(path / example)!r}."
+            )
+        if not folder.is_dir():
+            raise BadInputError(
+                f"{flag} {str(path)!r}: the folder {str(folder)!r} does not exist. Create it "
+                f"(mkdir -p {folder}) or write the file elsewhere."
+            )
 
 
 def write_pictures(
@@ -21,7 +40,7 @@ def write_pictures(
 ) -> None:
     """Render the timeline (.png or .html) and the memory_viz snapshot when asked (`config`:
     the AllocatorConfig the estimate simulated, for the snapshot's segments)."""
-    check_timeline_path(timeline)
+    check_picture_paths(timeline, snapshot)
     if timeline is not None:
         suffix = timeline.suffix.lower()
         if suffix == ".png":

@@ -5,16 +5,18 @@ options (`--batch`, `--seq`, `--precision`, ...). Each option is an `Annotated` 
 flag, type and help text are written once; a verb lists the ones it takes, for instance
 `precision: Precision = DEFAULT.precision`. Defaults come from `Workload()` and the choices in
 the help texts from the tuples in `memfit.workload`, so the CLI cannot drift from the library.
-`build_workload` turns the parsed values into a `Workload`.
+`build_workload` turns the parsed values into a `Workload`. `--optimizer` defaults to None, not
+to a name: the Workload resolves it from the mode (AdamW to train, none for inference), and an
+optimizer given with `--mode inference` is an error, as every training-only option is.
 
-The model argument, `--task` and `--json` are not Workload fields, but every one of these verbs
-takes them, so they are declared here too. Options only one verb has stay in that verb.
+The model argument, `--task`, `--alloc-conf` and `--json` are not Workload fields, but several of
+these verbs take them, so they are declared here too. Options only one verb has stay in that verb.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -47,6 +49,9 @@ Model = Annotated[
 ]
 Task = Annotated[str | None, typer.Option(help="Model head, e.g. causal-lm, seq-classification.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the JSON report.")]
+AllocConf = Annotated[
+    str | None, typer.Option("--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF to simulate.")
+]
 
 # The Workload fields, in the order of the dataclass.
 Batch = Annotated[int, typer.Option(help="Micro-batch size.")]
@@ -56,7 +61,10 @@ ImageSize = Annotated[
 ]
 Mode = Annotated[str, typer.Option(help=f"{_either(MODES)}.")]
 Precision = Annotated[str, typer.Option(help=f"{_either(PRECISIONS)}.")]
-Optimizer = Annotated[str, typer.Option(help=f"{', '.join(OPTIMIZERS)}.")]
+Optimizer = Annotated[
+    str | None,
+    typer.Option(help=f"{', '.join(OPTIMIZERS)} (default: adamw to train, none for inference)."),
+]
 GradAccum = Annotated[int, typer.Option("--grad-accum", help="Gradient-accumulation steps.")]
 Checkpointing = Annotated[
     str, typer.Option(help=f"Activation checkpointing: {_either(CHECKPOINTING)}.")
@@ -94,7 +102,7 @@ def build_workload(
     image_size: int | None = DEFAULT.image_size,
     mode: str = DEFAULT.mode,
     precision: str = DEFAULT.precision,
-    optimizer: str = DEFAULT.optimizer,
+    optimizer: str | None = None,
     grad_accum: int = DEFAULT.grad_accum,
     checkpointing: str = DEFAULT.checkpointing,
     lora_rank: int | None = None,
@@ -108,23 +116,24 @@ def build_workload(
 ) -> Workload:
     """The Workload the parsed options describe (keywords named as the parameters of the verbs).
 
-    In inference mode the optimizer is "none" whatever `--optimizer` says: an inference step has
-    no optimizer, so reports must not show the default "adamw". Raises BadInputError (exit 2 in
-    the verbs) for a bad value, or for `--lora-targets` without `--lora-rank`.
+    Raises BadInputError (exit 2 in the verbs) for a bad value, for an option the mode does not
+    use (`--optimizer`, `--grad-accum`, `--checkpointing`, `--lora-rank`, `--offload-optimizer`
+    with `--mode inference`), or for `--lora-targets` without `--lora-rank`.
     """
     lora = None
-    if lora_targets and lora_rank is None:
+    if lora_targets is not None and lora_rank is None:
         raise BadInputError("--lora-targets needs --lora-rank (e.g. --lora-rank 8).")
     if lora_rank is not None:
-        targets = tuple(t.strip() for t in (lora_targets or "").split(",") if t.strip())
-        lora = LoraConfig(rank=lora_rank, targets=targets)
+        lora = LoraConfig(rank=lora_rank, targets=lora_targets or ())
+    # Only an optimizer the user named: without one, the Workload picks by the mode.
+    given: dict[str, Any] = {"optimizer": optimizer} if optimizer is not None else {}
     return Workload(
+        **given,
         batch_size=batch,
         seq_len=seq,
         image_size=image_size,
         mode=mode,
         precision=precision,
-        optimizer=optimizer if mode == "train" else "none",
         grad_accum=grad_accum,
         checkpointing=checkpointing,
         lora=lora,

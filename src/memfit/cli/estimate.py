@@ -13,9 +13,10 @@ import typer
 from rich.console import Console
 
 from memfit.cli._exit import EXIT_DOES_NOT_FIT, EXIT_OK, fail
-from memfit.cli._pictures import check_timeline_path, write_pictures
+from memfit.cli._pictures import check_picture_paths, write_pictures
 from memfit.cli._workload_options import (
     DEFAULT,
+    AllocConf,
     AsJson,
     Attention,
     Batch,
@@ -49,17 +50,14 @@ def estimate_command(
     task: Task = None,
     mode: Mode = DEFAULT.mode,
     precision: Precision = DEFAULT.precision,
-    optimizer: Optimizer = DEFAULT.optimizer,
+    optimizer: Optimizer = None,
     grad_accum: GradAccum = DEFAULT.grad_accum,
     checkpointing: Checkpointing = DEFAULT.checkpointing,
     lora_rank: LoraRank = None,
     lora_targets: LoraTargets = None,
     attention: Attention = DEFAULT.attention,
     gpu: GpuForVerdict = DEFAULT.gpu,
-    alloc_conf: Annotated[
-        str | None,
-        typer.Option("--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF to simulate."),
-    ] = None,
+    alloc_conf: AllocConf = None,
     offload_optimizer: OffloadOptimizer = DEFAULT.offload_optimizer,
     embedding_on_cpu: EmbeddingOnCpu = DEFAULT.embedding_on_cpu,
     tie_embeddings: TieEmbeddings = DEFAULT.tie_embeddings,
@@ -86,7 +84,7 @@ def estimate_command(
             offload_optimizer=offload_optimizer, embedding_on_cpu=embedding_on_cpu,
             tie_embeddings=tie_embeddings, gpus=gpus,
         )  # fmt: skip
-        check_timeline_path(timeline)
+        check_picture_paths(timeline, snapshot)  # before the estimate, which may take a while
         est = estimate(model, w, task=task, alloc_conf=alloc_conf)
         if timeline is not None or snapshot is not None:
             cfg = AllocatorConfig.from_string(alloc_conf) if alloc_conf else None

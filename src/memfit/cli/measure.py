@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from memfit.cli._exit import EXIT_OK, fail
-from memfit.cli._pictures import check_timeline_path, write_pictures
+from memfit.cli._pictures import check_picture_paths, write_pictures
 from memfit.errors import MemfitError
 from memfit.measurement.script_runner import ScriptFailed, run_script
 from memfit.report.compare import compare, load_report, render_comparison
@@ -46,7 +46,7 @@ def profile_command(
     from memfit.report.json import profile_json
 
     try:
-        check_timeline_path(timeline)
+        check_picture_paths(timeline, snapshot)  # before the script runs
     except MemfitError as e:
         raise fail(str(e)) from None
     failure: ScriptFailed | None = None

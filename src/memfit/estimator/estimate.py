@@ -21,6 +21,7 @@ from memfit.estimator.step_runner import Trace, run_trace, traced_micro_batches
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.profile import MemoryProfile
 from memfit.techniques.embedding_on_cpu import tied_embedding_message
+from memfit.units import format_bytes
 from memfit.workload import Workload
 
 
@@ -49,6 +50,20 @@ class Estimate:
     #: FLOPs of the steady-state step by phase ("forward", "backward", "recompute", ...).
     flops: dict[str, int] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        """The headline, not the dataclass dump (the profile alone is thousands of events):
+        Estimate('gpt2': peak allocated 2.13 GiB, reserved 2.40 GiB, device total 2.93 GiB,
+        fits rtx-4090)."""
+        p = self.profile
+        verdict = ""
+        if self.gpu is not None:
+            verdict = f", {'fits' if self.fits else 'does not fit'} {self.gpu.name}"
+        return (
+            f"Estimate({self.model!r}: peak allocated {format_bytes(p.peak_allocated_bytes)}, "
+            f"reserved {format_bytes(p.peak_reserved_bytes)}, "
+            f"device total {format_bytes(p.device_total_bytes)}{verdict})"
+        )
+
 
 def steady_flops(flops: dict[tuple[int, str, int], int], scale: float = 1.0) -> dict[str, int]:
     """FLOPs of the last traced step (steady state), summed over blocks, by phase.
@@ -75,6 +90,44 @@ def _uniform_layers(config: Any) -> bool:
     return not types or len(set(types)) <= 1
 
 
+#: Input kinds (ModelSpec.input_kind) whose inputs memfit makes from `seq_len` tokens.
+_SEQUENCE_INPUTS = {
+    "tokens": "a text model",
+    "seq2seq-tokens": "a text model",
+    "audio": "an audio model",
+}
+
+
+def check_model_options(spec: ModelSpec, w: Workload) -> None:
+    """A workload option the model has no use for is an error, not ignored: `seq_len` for an
+    image model, `image_size` for a text model, either for a model that makes its own inputs;
+    a sequence longer than the model's positions. Checked before anything is traced."""
+    given = [f"{k}={v}" for k, v in (("seq_len", w.seq_len), ("image_size", w.image_size)) if v]
+    if spec.make_batch is not None and given:
+        raise BadInputError(
+            f"{' and '.join(given)} cannot reach {spec.name!r}: its inputs come from its own "
+            "make_batch(batch_size). Drop it, or give make_batch the shape you mean."
+        )
+    kind = spec.input_kind
+    if w.seq_len is not None and kind == "image":
+        raise BadInputError(
+            f"seq_len={w.seq_len} does not apply to {spec.name!r}, an image model (its input is "
+            f"an image, {spec.image_size or 224} pixels square unless image_size says). Drop "
+            "seq_len, or give image_size."
+        )
+    if w.image_size is not None and kind in _SEQUENCE_INPUTS:
+        raise BadInputError(
+            f"image_size={w.image_size} does not apply to {spec.name!r}, "
+            f"{_SEQUENCE_INPUTS[kind]} (its input is a sequence of seq_len tokens). Drop "
+            "image_size, or give seq_len."
+        )
+    if w.seq_len is not None and spec.max_positions and w.seq_len > spec.max_positions:
+        raise BadInputError(
+            f"seq_len={w.seq_len} is longer than {spec.name!r} supports ({spec.max_positions} "
+            f"positions). Use seq_len={spec.max_positions} or less."
+        )
+
+
 def trace_spec(
     spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, *, verify: bool = True
 ) -> tuple[Trace, int, bool]:
@@ -82,9 +135,10 @@ def trace_spec(
 
     The replay is used only when the traced blocks prove identical (see memfit.estimator.replay);
     otherwise, and for models memfit cannot shorten (an nn.Module passed in), the whole model
-    is traced.
+    is traced. Options the model has no use for are refused first (`check_model_options`).
     """
 
+    check_model_options(spec, w)
     n = spec.num_layers
     partial_ckpt = w.checkpoint_first is not None and w.checkpoint_first < (n or 0)
     # Blocks checkpointed and not are different blocks: such a model is traced whole.
@@ -155,6 +209,11 @@ def estimate(
             "expandable_segments:True".
     """
 
+    if workload is not None and not isinstance(workload, Workload):
+        raise BadInputError(
+            f"workload must be a memfit.Workload, got {type(workload).__name__} {workload!r}. "
+            "Pass e.g. memfit.Workload(batch_size=8, seq_len=1024)."
+        )
     w = workload or Workload()
     cfg = AllocatorConfig.from_string(alloc_conf) if alloc_conf else None
     if gpu is not None:
@@ -207,7 +266,7 @@ def estimate_from_trace(
     )
     if w.embedding_on_cpu and tr.embedding_path is None:
         raise BadInputError(
-            f"--embedding-on-cpu needs an input embedding, and {spec.name!r} has none "
+            f"embedding_on_cpu=True needs an input embedding, and {spec.name!r} has none "
             "(get_input_embeddings() returned nothing)."
         )
     if w.embedding_on_cpu and tr.embedding_tied_to is not None:

@@ -91,6 +91,10 @@ class OomReport:
         """The first (smallest) suggestion that would have passed the failed allocation."""
         return next((s for s in self.suggestions if s.fits), None)
 
+    def __str__(self) -> str:
+        """The report as `render_oom` writes it, so `print(memfit.explain_oom(e))` reads."""
+        return render_oom(self)
+
 
 def explain_oom(error: BaseException, state: Any = None, *, top_n: int = 10) -> OomReport:
     """Explain `error`, a `torch.OutOfMemoryError` raised under `memfit.simulate`.
