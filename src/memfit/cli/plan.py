@@ -15,18 +15,26 @@ import typer
 from memfit.cli._exit import EXIT_DOES_NOT_FIT, EXIT_OK, fail
 from memfit.cli._workload_options import (
     DEFAULT,
+    AllocConf,
     AsJson,
+    Attention,
     Batch,
     Checkpointing,
+    EmbeddingOnCpu,
     Gpu,
     Gpus,
+    GradAccum,
     ImageSize,
+    LoraRank,
+    LoraTargets,
     Mode,
     Model,
+    OffloadOptimizer,
     Optimizer,
     Precision,
     Seq,
     Task,
+    TieEmbeddings,
     build_workload,
 )
 from memfit.errors import MemfitError
@@ -87,7 +95,13 @@ def plan_command(
 
 
 def _limit_command(
-    what: str, model: str, gpu: str, task: str | None, as_json: bool, **options: Any
+    what: str,
+    model: str,
+    gpu: str,
+    task: str | None,
+    alloc_conf: str | None,
+    as_json: bool,
+    **options: Any,
 ) -> None:
     """Search the largest `what` ("batch_size" or "seq_len") that fits `gpu` for the workload
     the other `options` describe, print it, and exit 0 (something fits) or 1 (nothing does)."""
@@ -97,7 +111,7 @@ def _limit_command(
 
         w = build_workload(**options)
         search = max_batch if what == "batch_size" else max_seq
-        result = search(model, w, gpu=gpu, task=task)
+        result = search(model, w, gpu=gpu, task=task, alloc_conf=alloc_conf)
     except (MemfitError, ImportError) as e:
         raise fail(str(e)) from None
     from memfit.planner.render import limit_to_json, render_limit
@@ -110,17 +124,31 @@ def max_batch_command(
     model: Model,
     gpu: Gpu,
     seq: Seq = DEFAULT.seq_len,
+    image_size: ImageSize = DEFAULT.image_size,
+    task: Task = None,
+    mode: Mode = DEFAULT.mode,
     precision: Precision = DEFAULT.precision,
     optimizer: Optimizer = None,
+    grad_accum: GradAccum = DEFAULT.grad_accum,
     checkpointing: Checkpointing = DEFAULT.checkpointing,
-    mode: Mode = DEFAULT.mode,
-    task: Task = None,
+    lora_rank: LoraRank = None,
+    lora_targets: LoraTargets = None,
+    attention: Attention = DEFAULT.attention,
+    alloc_conf: AllocConf = None,
+    offload_optimizer: OffloadOptimizer = DEFAULT.offload_optimizer,
+    embedding_on_cpu: EmbeddingOnCpu = DEFAULT.embedding_on_cpu,
+    tie_embeddings: TieEmbeddings = DEFAULT.tie_embeddings,
+    gpus: Gpus = DEFAULT.gpus,
     as_json: AsJson = False,
 ) -> None:
-    """The largest micro-batch that fits GPU for this configuration (searched, not guessed)."""
+    """The largest micro-batch that fits GPU for this configuration (searched, not guessed; when
+    the search's cap fits, the answer is "at least" the cap)."""
     _limit_command(
-        "batch_size", model, gpu, task, as_json,
-        seq=seq, precision=precision, optimizer=optimizer, checkpointing=checkpointing, mode=mode,
+        "batch_size", model, gpu, task, alloc_conf, as_json,
+        seq=seq, image_size=image_size, mode=mode, precision=precision, optimizer=optimizer,
+        grad_accum=grad_accum, checkpointing=checkpointing, lora_rank=lora_rank,
+        lora_targets=lora_targets, attention=attention, offload_optimizer=offload_optimizer,
+        embedding_on_cpu=embedding_on_cpu, tie_embeddings=tie_embeddings, gpus=gpus,
     )  # fmt: skip
 
 
@@ -128,16 +156,29 @@ def max_seq_command(
     model: Model,
     gpu: Gpu,
     batch: Batch = DEFAULT.batch_size,
+    image_size: ImageSize = DEFAULT.image_size,
+    task: Task = None,
+    mode: Mode = DEFAULT.mode,
     precision: Precision = DEFAULT.precision,
     optimizer: Optimizer = None,
+    grad_accum: GradAccum = DEFAULT.grad_accum,
     checkpointing: Checkpointing = DEFAULT.checkpointing,
-    mode: Mode = DEFAULT.mode,
-    task: Task = None,
+    lora_rank: LoraRank = None,
+    lora_targets: LoraTargets = None,
+    attention: Attention = DEFAULT.attention,
+    alloc_conf: AllocConf = None,
+    offload_optimizer: OffloadOptimizer = DEFAULT.offload_optimizer,
+    embedding_on_cpu: EmbeddingOnCpu = DEFAULT.embedding_on_cpu,
+    tie_embeddings: TieEmbeddings = DEFAULT.tie_embeddings,
+    gpus: Gpus = DEFAULT.gpus,
     as_json: AsJson = False,
 ) -> None:
-    """The longest sequence that fits GPU for this configuration (searched, not guessed)."""
+    """The longest sequence that fits GPU for this configuration (searched, not guessed), for
+    models whose input is tokens."""
     _limit_command(
-        "seq_len", model, gpu, task, as_json,
-        batch=batch, precision=precision, optimizer=optimizer, checkpointing=checkpointing,
-        mode=mode,
+        "seq_len", model, gpu, task, alloc_conf, as_json,
+        batch=batch, image_size=image_size, mode=mode, precision=precision, optimizer=optimizer,
+        grad_accum=grad_accum, checkpointing=checkpointing, lora_rank=lora_rank,
+        lora_targets=lora_targets, attention=attention, offload_optimizer=offload_optimizer,
+        embedding_on_cpu=embedding_on_cpu, tie_embeddings=tie_embeddings, gpus=gpus,
     )  # fmt: skip

@@ -1,5 +1,10 @@
 """`max_batch` and `max_seq`: the largest micro-batch or sequence that fits a GPU, searched over
 the estimator (doubling, then bisection), with the memory curve of the values tried.
+
+Two answers are not numbers, and say so: a search that fits all the way to its cap found a
+lower bound ("at least 4096", `Limit.capped`), and a model whose memory does not change with the
+value searched (a flat curve: its inputs do not depend on it) has no largest value at all, which
+is an error rather than the cap.
 """
 
 from __future__ import annotations
@@ -8,60 +13,140 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from memfit.cuda.allocator_config import AllocatorConfig
 from memfit.cuda.target import get_gpu
+from memfit.errors import BadInputError
 from memfit.estimator.estimate import estimate_from_trace, trace_spec
 from memfit.guard.batch_search import largest_passing
-from memfit.models.sources import resolve_model
+from memfit.models.sources import ModelSpec, resolve_model
+from memfit.units import format_bytes
 from memfit.workload import Workload
+
+#: The largest micro-batch `max_batch` tries.
+MAX_BATCH_UPPER = 4096
+#: The longest sequence `max_seq` tries for a model that declares no maximum of its own.
+MAX_SEQ_UPPER = 131072
 
 
 @dataclass(kw_only=True)
 class Limit:
-    """The largest micro-batch (or sequence) that fits, and the memory curve on the way."""
+    """The largest micro-batch (or sequence) that fits, and the memory curve on the way.
+
+    Attributes:
+        largest: the largest value that fits, or None when even 1 does not.
+        upper: the largest value the search tried: its cap, or the model's positions.
+        capped: `largest` is memfit's search cap, so more may fit: the answer is "at least
+            `largest`". False when the search stopped below the cap, or at the model's own
+            limit (`max_seq` up to the positions the model has).
+        curve: (value, device total bytes, fits) for every value tried, by value.
+    """
 
     model: str
     gpu: Any
     what: str  # "batch_size" or "seq_len"
     largest: int | None
-    curve: list[tuple[int, int, bool]]  # (value, device total bytes, fits), by value
+    curve: list[tuple[int, int, bool]]
+    upper: int = 0
+    capped: bool = False
     seconds: float = 0.0
 
 
-def _limit(model: Any, w: Workload, gpu: str, what: str, upper: int, task: str | None) -> Limit:
+def _limit(
+    spec: ModelSpec,
+    w: Workload,
+    gpu: str,
+    what: str,
+    upper: int,
+    *,
+    model_limit: bool = False,
+    alloc_conf: str | None = None,
+) -> Limit:
     """Exponential growth, then binary search, over the estimator (not an extrapolation)."""
 
+    if not isinstance(w, Workload):
+        raise BadInputError(
+            f"The workload must be a memfit.Workload, got {type(w).__name__} {w!r}. Pass e.g. "
+            "memfit.Workload(seq_len=1024)."
+        )
     t0 = time.perf_counter()
     gpu_obj = get_gpu(gpu)
-    spec = resolve_model(model, task=task)
-    seen: dict[int, tuple[int, bool]] = {}
+    cfg = AllocatorConfig.from_string(alloc_conf) if alloc_conf else None
+    seen: dict[int, tuple[int, int, bool]] = {}  # value -> (allocated, device total, fits)
 
     def fits(value: int) -> bool:
         if value not in seen:
             wv = w.with_(gpu=gpu_obj.name, **{what: value})
             tr, n, rep = trace_spec(spec, wv, gpu_obj.compute_capability, verify=False)
-            est = estimate_from_trace(spec, wv, tr, n_blocks=n, replayed=rep, gpu=gpu_obj)
-            seen[value] = (est.profile.device_total_bytes or 0, bool(est.fits))
-        return seen[value][1]
+            est = estimate_from_trace(
+                spec, wv, tr, n_blocks=n, replayed=rep, gpu=gpu_obj, alloc_conf=cfg
+            )
+            p = est.profile
+            seen[value] = (p.peak_allocated_bytes, p.device_total_bytes or 0, bool(est.fits))
+        return seen[value][2]
 
     good = largest_passing(fits, start=1, upper=upper)
-    curve = sorted((v, b, f) for v, (b, f) in seen.items())
+    _refuse_flat(spec.name, what, seen)
     return Limit(
-        model=spec.name, gpu=gpu_obj, what=what, largest=good or None, curve=curve,
-        seconds=time.perf_counter() - t0,
+        model=spec.name, gpu=gpu_obj, what=what, largest=good or None,
+        curve=sorted((v, total, ok) for v, (_, total, ok) in seen.items()), upper=upper,
+        capped=good == upper and not model_limit, seconds=time.perf_counter() - t0,
     )  # fmt: skip
 
 
-#: The largest micro-batch `max_batch` tries.
-MAX_BATCH_UPPER = 4096
+def _refuse_flat(model: str, what: str, seen: dict[int, tuple[int, int, bool]]) -> None:
+    """A curve on which every value tried takes the same memory answers nothing: the model's
+    inputs do not depend on `what`, so "the largest that fits" would be the search's cap."""
+    if len(seen) < 2 or len({allocated for allocated, _, _ in seen.values()}) > 1:
+        return
+    lo, hi = min(seen), max(seen)
+    total = format_bytes(seen[lo][1])
+    raise BadInputError(
+        f"The memory of {model!r} does not change with {what}: from {what}={lo} to "
+        f"{what}={hi} every step takes the same memory ({total} on the device), so there is no "
+        f"largest {what} to report. Its inputs do not depend on {what} (a model's own "
+        "make_batch decides them); estimate the shapes you will run instead."
+    )
 
 
-def max_batch(model: Any, w: Workload, *, gpu: str, task: str | None = None) -> Limit:
-    """The largest micro-batch of `w` that fits `gpu`, by search over the estimator."""
-    return _limit(model, w, gpu, "batch_size", MAX_BATCH_UPPER, task)
+def max_batch(
+    model: Any, w: Workload, *, gpu: str, task: str | None = None, alloc_conf: str | None = None
+) -> Limit:
+    """The largest micro-batch of `w` that fits `gpu`, by search over the estimator, up to
+    MAX_BATCH_UPPER (then `Limit.capped`: at least that many fit).
 
-
-def max_seq(model: Any, w: Workload, *, gpu: str, task: str | None = None) -> Limit:
-    """The longest sequence (up to the model's positions) for `w` that fits `gpu`."""
+    Example:
+        >>> limit = memfit.max_batch("gpt2", memfit.Workload(seq_len=1024), gpu="rtx-4090")
+        >>> limit.largest, limit.capped
+    """
     spec = resolve_model(model, task=task)
-    upper = spec.max_positions or 131072
-    return _limit(spec, w, gpu, "seq_len", upper, task)
+    return _limit(spec, w, gpu, "batch_size", MAX_BATCH_UPPER, alloc_conf=alloc_conf)
+
+
+def max_seq(
+    model: Any, w: Workload, *, gpu: str, task: str | None = None, alloc_conf: str | None = None
+) -> Limit:
+    """The longest sequence (up to the model's positions, else MAX_SEQ_UPPER) for `w` that
+    fits `gpu`. Only for models whose input is tokens that memfit makes: for an image model, or
+    a model with its own make_batch, the sequence is not memfit's to choose (BadInputError)."""
+    spec = resolve_model(model, task=task)
+    if isinstance(w, Workload) and w.seq_len is not None:
+        raise BadInputError(
+            f"max_seq searches seq_len itself; the workload has seq_len={w.seq_len}. "
+            "Leave seq_len out of it."
+        )
+    if spec.make_batch is not None or spec.input_kind not in ("tokens", "seq2seq-tokens", "audio"):
+        why = (
+            f"{spec.name!r} makes its own inputs (make_batch)"
+            if spec.make_batch is not None
+            else f"the input of {spec.name!r} is {spec.input_kind}, not tokens"
+        )
+        raise BadInputError(
+            f"max_seq searches the sequence length of a model whose input is tokens, and {why}: "
+            "no sequence length reaches the model. Search the micro-batch instead (memfit "
+            "max-batch), or estimate the shapes you will run."
+        )
+    upper = spec.max_positions or MAX_SEQ_UPPER
+    return _limit(
+        spec, w, gpu, "seq_len", upper, model_limit=spec.max_positions is not None,
+        alloc_conf=alloc_conf,
+    )  # fmt: skip

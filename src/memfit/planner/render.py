@@ -166,20 +166,33 @@ def render_plan(plan: Plan) -> str:
 
 
 def limit_to_json(limit: Limit) -> dict[str, Any]:
+    """`largest` with `capped`: when capped, `largest` is a lower bound (the search's cap)."""
     return {
         "model": limit.model,
         "gpu": limit.gpu.name,
         "what": limit.what,
         "largest": limit.largest,
+        "capped": limit.capped,
+        "upper": limit.upper,
         "curve": [{"value": v, "device_total_bytes": b, "fits": f} for v, b, f in limit.curve],
         "seconds": round(limit.seconds, 2),
     }
 
 
+def _limit_answer(limit: Limit) -> str:
+    """The largest value as a reader must take it: exact, a lower bound, or the model's own."""
+    if limit.capped:
+        return f"at least {limit.largest} (the search cap; more may fit)"
+    if limit.what == "seq_len" and limit.largest == limit.upper:
+        return f"{limit.largest} (every position the model has)"
+    return str(limit.largest)
+
+
 def render_limit(limit: Limit) -> str:
     name = "micro-batch" if limit.what == "batch_size" else "sequence length"
     head = (
-        f"largest {name} of {limit.model} that fits {limit.gpu.display_name}: {limit.largest}"
+        f"largest {name} of {limit.model} that fits {limit.gpu.display_name}: "
+        f"{_limit_answer(limit)}"
         if limit.largest
         else f"no {name} of {limit.model} fits {limit.gpu.display_name}"
     )
