@@ -90,3 +90,60 @@ def test_compare_estimate_with_measured(tmp_path):
     assert rows["parameters"]["diff"] == 0
     res = runner.invoke(app, ["compare", str(tmp_path / "est.json"), str(script)])
     assert res.exit_code == 2 and "is not JSON" in res.output
+
+
+def _reports(tmp_path, **changes):
+    """Two reports: a hand-made baseline and a copy with `changes` (bytes)."""
+    base = {
+        "peak_allocated_bytes": 1000 * 1024,
+        "peak_reserved_bytes": 2000 * 1024,
+        "device_total_bytes": 3000 * 1024,
+        "breakdown": {"parameters": 400 * 1024, "activations": 600 * 1024},
+    }
+    new = json.loads(json.dumps(base))
+    for key, value in changes.items():
+        (new["breakdown"] if key in base["breakdown"] else new)[key] = value
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    return str(tmp_path / "base.json"), str(tmp_path / "new.json")
+
+
+def test_compare_fail_above_is_a_ci_gate(tmp_path):
+    # The README's gate: peak allocated +3 % of the baseline passes 5 % and fails 2 %.
+    a, b = _reports(tmp_path, peak_allocated_bytes=1030 * 1024, activations=630 * 1024)
+    res = runner.invoke(app, ["compare", a, b, "--fail-above", "5"])
+    assert res.exit_code == 0, res.output
+    assert "PASS: 0 difference(s) over the limit" in res.output
+    res = runner.invoke(app, ["compare", a, b, "--fail-above", "2"])
+    assert res.exit_code == 1
+    assert "over the limit: peak_allocated_bytes +3.00 % (1000.00 KiB -> 1.01 MiB; limit 2 %)" in (
+        res.output
+    )
+    # Categories are gated only when asked: activations moved +5 %.
+    args = ["compare", a, b, "--fail-above", "5", "--fail-above-category", "2"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 1 and "activations +5.00 %" in res.output
+    res = runner.invoke(app, [*args, "--fail-above-category", "activations=6", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["passed"] is True
+
+
+def test_compare_gate_lists_what_it_cannot_check(tmp_path):
+    # A value missing from a report (a CPU measurement has no device total) is not passed
+    # silently; a value that was 0 and is not any more is over every limit.
+    a, b = _reports(tmp_path, device_total_bytes=None)
+    res = runner.invoke(app, ["compare", a, b, "--fail-above", "1"])
+    assert res.exit_code == 0 and "not checked: device_total_bytes (no value in new)" in res.output
+    a, b = _reports(tmp_path, parameters=0)
+    res = runner.invoke(app, ["compare", b, a, "--fail-above-category", "50"])
+    assert res.exit_code == 1 and "parameters from 0 B" in res.output
+
+
+def test_compare_gate_bad_limits(tmp_path):
+    a, b = _reports(tmp_path)
+    res = runner.invoke(app, ["compare", a, b, "--fail-above-category", "activatons=3"])
+    assert res.exit_code == 2 and "Did you mean 'activations'?" in res.output
+    res = runner.invoke(app, ["compare", a, b, "--fail-above-category", "activations=lots"])
+    assert res.exit_code == 2 and "CATEGORY=PERCENT" in res.output
+    res = runner.invoke(app, ["compare", a, b, "--fail-above", "-1"])
+    assert res.exit_code == 2

@@ -3,8 +3,8 @@
 `profile` runs a training script under `memfit.measure` (CUDA statistics when the script uses
 a GPU, memfit's tracker over real tensors everywhere) and prints the same report as an
 estimate; `--timeline` draws it, `--snapshot` writes what pytorch.org/memory_viz opens.
-Exit codes: 0 success; 1 the script failed (its traceback, then the report up to then);
-2 bad input.
+Exit codes: 0 success; 1 the script failed (its traceback, then the report up to then), or
+for `compare --fail-above`, a difference over its limit; 2 bad input.
 """
 
 from __future__ import annotations
@@ -19,12 +19,20 @@ import typer
 
 from memfit.cli._exit import EXIT_OK, fail
 from memfit.cli._pictures import check_picture_paths, write_pictures
-from memfit.errors import MemfitError
+from memfit.errors import BadInputError, MemfitError
 from memfit.measurement.script_runner import ScriptFailed, run_script
-from memfit.report.compare import compare, load_report, render_comparison
+from memfit.report.compare import (
+    check_limits,
+    compare,
+    load_report,
+    render_comparison,
+    render_limit_check,
+)
 from memfit.units import format_bytes
 
 EXIT_SCRIPT_FAILED = 1
+#: `compare --fail-above`: a difference is over its limit.
+EXIT_OVER_LIMIT = 1
 
 
 def profile_command(
@@ -114,21 +122,75 @@ def render_measured(m: Any, what: str) -> str:
     return "\n".join(lines)
 
 
+def _category_limits(values: list[str]) -> tuple[float | None, dict[str, float]]:
+    """`--fail-above-category 10 --fail-above-category activations=5` as (10.0, {...})."""
+    every: float | None = None
+    named: dict[str, float] = {}
+    for text in values:
+        name, _, pct = text.rpartition("=")
+        try:
+            value = float(pct)
+        except ValueError:
+            raise BadInputError(
+                f"--fail-above-category {text!r}: write a percentage (10) or CATEGORY=PERCENT "
+                "(activations=5)."
+            ) from None
+        if name:
+            named[name.strip()] = value
+        else:
+            every = value
+    return every, named
+
+
 def compare_command(
     first: Annotated[Path, typer.Argument(help="A report (memfit estimate/profile --json).")],
     second: Annotated[Path, typer.Argument(help="The report to compare it with.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the differences as JSON.")] = False,
+    fail_above: Annotated[
+        float | None,
+        typer.Option(
+            "--fail-above",
+            min=0,
+            metavar="PCT",
+            help="Exit 1 when a total (peak allocated, reserved, device total) differs from the "
+            "first report by more than PCT percent of it: a CI gate.",
+        ),
+    ] = None,
+    fail_above_category: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--fail-above-category",
+            metavar="[CATEGORY=]PCT",
+            help="Exit 1 when a category at the peak differs by more than PCT percent: every "
+            "category (10), or one (activations=5); repeat it for several.",
+        ),
+    ] = None,
 ) -> None:
-    """Compare two memory reports (estimate vs measured) per category."""
+    """Compare two memory reports (estimate vs measured, or before vs after) per category.
+
+    A CI gate with --fail-above: exit 1 past a limit, in % of the first report; 2 bad input.
+    """
+    # A value missing from a report is listed as not checked (never passed silently).
     try:
         a, b = load_report(first), load_report(second)
+        every, named = _category_limits(fail_above_category or [])
+        c = compare(a, b, labels=(first.stem, second.stem))
+        check = check_limits(c, total_pct=fail_above, category_pct=every, per_category=named)
     except MemfitError as e:
         raise fail(str(e)) from None
-    c = compare(a, b, labels=(first.stem, second.stem))
+    gated = fail_above is not None or bool(fail_above_category)
     if as_json:
         rows = {r.name: {"a": r.a, "b": r.b, "diff": r.diff, "relative": r.relative}
                 for r in [*c.totals, *c.categories]}  # fmt: skip
-        typer.echo(json.dumps({"a": str(first), "b": str(second), "rows": rows}, indent=2))
+        out: dict[str, Any] = {"a": str(first), "b": str(second), "rows": rows}
+        if gated:
+            out["over_limit"] = [{"name": r.name, "limit_pct": pct} for r, pct in check.over]
+            out["not_checked"] = [r.name for r in check.unchecked]
+            out["passed"] = check.passed
+        typer.echo(json.dumps(out, indent=2))
     else:
         typer.echo(render_comparison(c))
-    raise typer.Exit(EXIT_OK)
+        if gated:
+            typer.echo("")
+            typer.echo(render_limit_check(check, (first.stem, second.stem)))
+    raise typer.Exit(EXIT_OK if check.passed else EXIT_OVER_LIMIT)

@@ -8,6 +8,11 @@ Example:
     $ memfit estimate gpt2 --batch 8 --seq 512 --json > est.json
     $ memfit profile train.py --json > measured.json
     $ memfit compare est.json measured.json
+    $ memfit compare baseline.json new.json --fail-above 2   # a CI gate: exit 1 past 2 %
+
+As a gate (`check_limits`), each total (peak allocated, reserved, device total) and, when asked,
+each category, may differ from the first report by at most a percentage of the first report's
+value.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memfit.errors import BadInputError
+from memfit.errors import BadInputError, closest
 from memfit.events import CATEGORIES
 from memfit.units import format_bytes
 
@@ -67,6 +72,15 @@ def load_report(path: str | Path) -> dict[str, Any]:
         ) from e
     if not isinstance(data, dict) or "peak_allocated_bytes" not in data:
         raise BadInputError(f"{str(p)!r} has no 'peak_allocated_bytes': it is not a memfit report.")
+    breakdown = data.get("breakdown") or {}
+    if not isinstance(breakdown, dict):
+        raise BadInputError(f"{str(p)!r}: 'breakdown' is {breakdown!r}, not bytes by category.")
+    for key, value in [*((k, data.get(k)) for k in TOTALS), *breakdown.items()]:
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise BadInputError(
+                f"{str(p)!r}: {key!r} is {value!r}, not a number of bytes. Give the output of "
+                "`memfit estimate --json` or `memfit profile --json`."
+            )
     return data
 
 
@@ -83,6 +97,75 @@ def compare(a: dict[str, Any], b: dict[str, Any], *, labels: tuple[str, str] = (
             (k, str(a.get(f"peak_{k}")), str(b.get(f"peak_{k}"))) for k in ("phase", "op", "module")
         ],
     )
+
+
+@dataclass(frozen=True)
+class LimitCheck:
+    """The outcome of `check_limits`: the rows over their limit (with the limit, in percent),
+    and the rows that could not be checked because a report lacks the value."""
+
+    over: list[tuple[Row, float]]
+    unchecked: list[Row]
+
+    @property
+    def passed(self) -> bool:
+        return not self.over
+
+
+def check_limits(
+    c: Comparison,
+    *,
+    total_pct: float | None = None,
+    category_pct: float | None = None,
+    per_category: dict[str, float] | None = None,
+) -> LimitCheck:
+    """Which rows of `c` differ by more than their limit, in percent of the first report.
+
+    `total_pct` limits the three totals; `category_pct` every category; `per_category` the
+    named ones (over `category_pct`). A row whose first value is 0 and second is not is over any
+    limit; a row with a value missing is listed as unchecked, never passed silently.
+    """
+    per_category = per_category or {}
+    unknown = sorted(set(per_category) - set(CATEGORY_KEYS))
+    if unknown:
+        raise BadInputError(
+            f"Unknown category {unknown[0]!r}.{closest(unknown[0], list(CATEGORY_KEYS))} "
+            f"Categories: {', '.join(CATEGORY_KEYS)}."
+        )
+    for name, pct in [("total_pct", total_pct), ("category_pct", category_pct),
+                      *per_category.items()]:  # fmt: skip
+        ok = isinstance(pct, (int, float)) and not isinstance(pct, bool) and pct >= 0
+        if pct is not None and not ok:
+            raise BadInputError(f"The limit for {name} must be a percentage >= 0, got {pct!r}.")
+    limits = [(r, total_pct) for r in c.totals]
+    limits += [(r, per_category.get(r.name, category_pct)) for r in c.categories]
+    over: list[tuple[Row, float]] = []
+    unchecked: list[Row] = []
+    for row, pct in limits:
+        if pct is None:
+            continue
+        if row.diff is None:
+            unchecked.append(row)
+        elif row.diff != 0 and (not row.a or abs(row.diff) * 100 > pct * row.a):
+            over.append((row, pct))
+    return LimitCheck(over=over, unchecked=unchecked)
+
+
+def render_limit_check(check: LimitCheck, labels: tuple[str, str]) -> str:
+    """One line per row over its limit or not checked, and the verdict."""
+    out = []
+    for row, pct in check.over:
+        rel = f"{100 * row.relative:+.2f} %" if row.relative is not None else "from 0 B"
+        out.append(
+            f"  over the limit: {row.name} {rel} ({format_bytes(row.a)} -> "
+            f"{format_bytes(row.b)}; limit {pct:g} %)"
+        )
+    for row in check.unchecked:
+        missing = labels[0] if row.a is None else labels[1]
+        out.append(f"  not checked: {row.name} (no value in {missing})")
+    verdict = "FAIL" if check.over else "PASS"
+    out.append(f"{verdict}: {len(check.over)} difference(s) over the limit")
+    return "\n".join(out)
 
 
 def render_comparison(c: Comparison) -> str:
