@@ -168,7 +168,12 @@ def get_gpu(name: str) -> GPU:
         return with_budget(get_gpu(base) if base.strip() else get_gpu(DEFAULT_GPU), size)
     if isinstance(name, str) and name.strip()[:1].isdigit() and _looks_like_size(name):
         return with_budget(get_gpu(DEFAULT_GPU), name)
-    if not isinstance(name, str) or not name.strip():
+    if not isinstance(name, str):
+        raise BadInputError(
+            "A GPU is named by a string (e.g. 'rtx-4090' or 'rtx-4090@12GiB'), got "
+            f"{name!r} ({type(name).__name__})."
+        )
+    if not name.strip():
         raise BadInputError(
             f"GPU name {name!r} is empty; use one of: {', '.join(g.name for g in CATALOG)}."
         )

@@ -102,12 +102,22 @@ def check_model_options(spec: ModelSpec, w: Workload) -> None:
     """A workload option the model has no use for is an error, not ignored: `seq_len` for an
     image model, `image_size` for a text model, either for a model that makes its own inputs;
     a sequence longer than the model's positions. Checked before anything is traced."""
-    given = [f"{k}={v}" for k, v in (("seq_len", w.seq_len), ("image_size", w.image_size)) if v]
-    if spec.make_batch is not None and given:
+    given = [
+        f"{k}={v}"
+        for k, v, takes in (
+            ("seq_len", w.seq_len, spec.batch_takes_seq_len),
+            ("image_size", w.image_size, spec.batch_takes_image_size),
+        )
+        if v and not takes
+    ]
+    if spec.batch_is_user_defined and given:
         raise BadInputError(
             f"{' and '.join(given)} cannot reach {spec.name!r}: its inputs come from its own "
-            "make_batch(batch_size). Drop it, or give make_batch the shape you mean."
+            "make_batch(batch_size). Drop it, or give make_batch a parameter of that name "
+            "(make_batch(batch_size, seq_len))."
         )
+    if spec.batch_is_user_defined:
+        return  # the user's make_batch decides the shape it takes
     kind = spec.input_kind
     if w.seq_len is not None and kind == "image":
         raise BadInputError(
@@ -271,5 +281,6 @@ def estimate_from_trace(
         )
     if w.embedding_on_cpu and tr.embedding_tied_to is not None:
         raise BadInputError(tied_embedding_message(tr.embedding_tied_to))
+    est.notes.extend(spec.notes)  # e.g. the loss a model of unknown head is traced with
     attach_device_memory(est, tr.records, tr.events, alloc_conf=alloc_conf, n_gpus=w.gpus)
     return est

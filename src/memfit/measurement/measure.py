@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from memfit.errors import BadInputError
 from memfit.estimator.tracker import Tracker, parameter_modules
 from memfit.events import Category
 from memfit.measurement.phases import PhaseHooks
@@ -238,6 +239,8 @@ def _register_model(tracker: Tracker, model: torch.nn.Module) -> list[Any]:
 
 
 def _device_of(model: torch.nn.Module | None) -> str:
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise BadInputError(f"measure needs an nn.Module (or None), got {type(model).__name__}.")
     if model is not None:
         for p in model.parameters():
             if p.device.type == "cuda":

@@ -84,9 +84,11 @@ class Goal:
     optimizer: str | None = None
 
     def __post_init__(self) -> None:
-        if self.global_batch <= 0:
+        gb = self.global_batch
+        if isinstance(gb, bool) or not isinstance(gb, int) or gb <= 0:
             raise BadInputError(
-                f"--global-batch must be a positive integer, got {self.global_batch}."
+                f"global_batch must be a positive integer, got {gb!r}. "
+                "Pass e.g. Goal(global_batch=32)."
             )
         # Validate the fixed choices with Workload's own checks.
         Workload(
@@ -408,7 +410,14 @@ def plan(
     """
 
     t0 = time.perf_counter()
-    if n_gpus < 1 or goal.global_batch % n_gpus:
+    if not isinstance(goal, Goal):
+        raise BadInputError(
+            f"plan needs goal=Goal(global_batch=..., seq_len=...), got {type(goal).__name__} "
+            f"{goal!r}."
+        )
+    if isinstance(n_gpus, bool) or not isinstance(n_gpus, int) or n_gpus < 1:
+        raise BadInputError(f"n_gpus must be a positive integer, got {n_gpus!r}.")
+    if goal.global_batch % n_gpus:
         raise BadInputError(
             f"The global batch ({goal.global_batch}) must split evenly over --gpus {n_gpus}: "
             f"give a multiple of {n_gpus}."

@@ -83,12 +83,20 @@ def _gathered(
 
 def load_weights(model: torch.nn.Module, path: str) -> None:
     """Load a file written by `save_weights` into `model` (strict: every key must match)."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
-    tensors = load_file(path)
-    with safe_open(path, framework="pt") as f:
-        aliases = f.metadata() or {}
+    if not isinstance(model, torch.nn.Module):
+        raise BadInputError(f"load_weights needs an nn.Module, got {type(model).__name__}.")
+    try:
+        tensors = load_file(path)
+        with safe_open(path, framework="pt") as f:
+            aliases = f.metadata() or {}
+    except SafetensorError as e:
+        raise BadInputError(
+            f"{path} is not a safetensors file ({e}); load a file written by setup.save or "
+            "memfit's save_weights."
+        ) from e
     expected = model.state_dict()
     for left_out, kept_name in aliases.items():
         if left_out in expected and left_out not in tensors:
