@@ -127,7 +127,7 @@ def make_batch_for(spec: ModelSpec, model: torch.nn.Module, w: Workload, dtype: 
         if spec.max_positions is not None and s > spec.max_positions:
             raise BadInputError(
                 f"Sequence length {s} is longer than {spec.name!r} supports "
-                f"({spec.max_positions} positions). Use --seq {spec.max_positions} or less."
+                f"({spec.max_positions} positions). Use seq_len={spec.max_positions} or less."
             )
         vocab = int(getattr(cfg, "vocab_size", 32000) or 32000)
         ids = torch.randint(0, vocab, (b, s))  # (B, S)
@@ -198,7 +198,7 @@ def step_loss(spec: ModelSpec, out: Any, batch: Any) -> torch.Tensor:
         raise TraceError(
             f"{spec.name!r} returned {type(out).__name__} with no loss on the batch {keys}: a "
             "transformers head computes its loss when the batch carries 'labels'. Add labels "
-            "to make_batch's batch (or use --mode inference)."
+            "to make_batch's batch (or use mode='inference')."
         )
     if isinstance(out, torch.Tensor):
         return out if out.dim() == 0 else out.float().sum()
@@ -206,7 +206,7 @@ def step_loss(spec: ModelSpec, out: Any, batch: Any) -> torch.Tensor:
     if not leaves:
         raise TraceError(
             f"The output of {spec.name!r} has no tensor that requires grad, so there is no "
-            "backward to trace. Use --mode inference, or return a loss."
+            "backward to trace. Use mode='inference', or return a loss."
         )
     return leaves[0].float().sum()
 
@@ -309,7 +309,7 @@ def _traced_model(
     if w.checkpointing == "blocks":
         if not blocks:
             raise BadInputError(
-                f"--checkpointing blocks needs a stack of repeated blocks, and {spec.name!r} has "
+                f"checkpointing='blocks' needs a stack of repeated blocks, and {spec.name!r} has "
                 "none (no nn.ModuleList/nn.Sequential of identical modules)."
             )
         chosen = blocks if w.checkpoint_first is None else blocks[: w.checkpoint_first]
@@ -488,7 +488,7 @@ def _trace_error(e: Exception, tracker: Tracker) -> TraceError:
         detail = detail[:600] + " ..."
     return TraceError(
         f"Tracing failed at op {op!r} in module {module or '<top>'!r} during "
-        f"{tracker.phase}: {type(e).__name__}: {detail}\n{hint} Try --attention eager, pass an "
+        f"{tracker.phase}: {type(e).__name__}: {detail}\n{hint} Try attention='eager', pass an "
         "input factory that avoids the data-dependent path, or estimate a model of the same "
         "shape from the catalog."
     )

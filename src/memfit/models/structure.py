@@ -74,8 +74,9 @@ def default_lora_targets(model: torch.nn.Module) -> list[str]:
     blocks = find_repeated_blocks(model)
     if not blocks:
         raise BadInputError(
-            "LoRA without --lora-targets needs a stack of repeated blocks to find the linear "
-            "layers; name them instead, e.g. --lora-targets q_proj,v_proj."
+            "LoRA without targets needs a stack of repeated blocks to find the linear layers; "
+            "name them instead, e.g. LoraConfig(rank=8, targets='q_proj,v_proj') "
+            "(--lora-targets q_proj,v_proj)."
         )
     first = model.get_submodule(blocks[0])
     # nn.Linear, and transformers' Conv1D (GPT-2's projections), which peft adapts too.
