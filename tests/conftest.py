@@ -42,6 +42,15 @@ def tiny_gpt2(
     return transformers.GPT2LMHeadModel._from_config(cfg, attn_implementation="eager")
 
 
+#: A tiny BART config (2 + 2 layers, d_model 32): an encoder-decoder for the model-source tests
+#: (tests/models/test_sources.py, tests/estimator/test_sources_agree.py).
+TINY_BART = {
+    "vocab_size": 128, "d_model": 32, "encoder_layers": 2, "decoder_layers": 2,
+    "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 64,
+    "decoder_ffn_dim": 64, "max_position_embeddings": 64,
+}  # fmt: skip
+
+
 def module_spec(model: torch.nn.Module, make_batch: Callable[[int], Any]) -> ModelSpec:
     """The spec memfit resolves for an nn.Module, with a batch factory `make_batch(batch)`."""
     return dataclasses.replace(resolve_model(model), make_batch=make_batch)

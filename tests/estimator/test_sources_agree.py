@@ -19,16 +19,12 @@ import torch
 import memfit
 from memfit.models import catalog
 from memfit.models.catalog import CatalogModel
+from tests.conftest import TINY_BART
 
 LLAMA = {
     "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 64,
     "tie_word_embeddings": False,
-}  # fmt: skip
-BART = {
-    "vocab_size": 128, "d_model": 32, "encoder_layers": 2, "decoder_layers": 2,
-    "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 64,
-    "decoder_ffn_dim": 64, "max_position_embeddings": 64,
 }  # fmt: skip
 VIT = {
     "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -62,7 +58,7 @@ assert VIT_PARAMS == 24_234
 CASES: dict[str, tuple[str, dict[str, Any], str, str, str, int | None, int | None, int]] = {
     "llama": ("llama", LLAMA, "LlamaForCausalLM", "causal-lm", "tokens", 64, None,
               LLAMA_PARAMS),
-    "bart": ("bart", BART, "BartForConditionalGeneration", "seq2seq-lm", "seq2seq-tokens", 64,
+    "bart": ("bart", TINY_BART, "BartForConditionalGeneration", "seq2seq-lm", "seq2seq-tokens", 64,
              None, BART_PARAMS),
     "vit": ("vit", VIT, "ViTForImageClassification", "image-classification", "image", None, 32,
             VIT_PARAMS),

@@ -15,15 +15,11 @@ from memfit.errors import BadInputError
 from memfit.estimator.step_runner import make_batch_for
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.workload import Workload
+from tests.conftest import TINY_BART
 
 TINY_LLAMA = {
     "vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
     "num_attention_heads": 4, "max_position_embeddings": 64,
-}  # fmt: skip
-TINY_BART = {
-    "vocab_size": 128, "d_model": 32, "encoder_layers": 2, "decoder_layers": 2,
-    "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 64,
-    "decoder_ffn_dim": 64, "max_position_embeddings": 64,
 }  # fmt: skip
 TINY_BERT = {
     "vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
