@@ -21,9 +21,10 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("memfit.report",),
     ("memfit.simulation",),
     ("memfit.measurement",),
-    ("memfit.diagnosis",),
+    ("memfit.diagnosis", "memfit.lint"),
     ("memfit.guard",),
     ("memfit.planner",),
+    ("memfit.data",),
     ("memfit.cli",),
     ("memfit",),
 )
