@@ -37,9 +37,16 @@ OPTIMIZERS = (
     "adamw-fused",
     "adafactor",
     "adamw-8bit",
+    "paged-adamw",
+    "paged-adamw-8bit",
     "lion",
     "none",
 )
+
+#: Quantized base weights (`QuantizeConfig` in memfit.techniques.quantize says which library
+#: layout each follows): bitsandbytes 4-bit NF4 / NF4 with double quantization / FP4, LLM.int8,
+#: torchao weight-only int8 and int4, and float8.
+QUANTIZE = ("nf4", "nf4-dq", "fp4", "int8", "int8-wo", "int4-wo", "fp8")
 
 MODES = ("train", "inference")
 CHECKPOINTING = ("off", "blocks")
@@ -124,6 +131,22 @@ class Workload:
             all-gathers and compute, fp32 gradient reduction and shards, no autocast.
         steps: training steps traced; the first is warm-up (optimizer state is created), the
             later ones are steady state. Two is enough for every optimizer memfit knows.
+        quantize: quantized base weights, one of QUANTIZE, or None. In training the quantized
+            weights are frozen, so it needs `lora` (QLoRA).
+        prepare_kbit: apply peft's `prepare_model_for_kbit_training` casts (the non-quantized
+            parameters to float32) to a quantized model, as QLoRA users do; needs `quantize`.
+        optimizer_in_backward: step each parameter from its post-accumulate-grad hook and
+            free its gradient at once, so no full set of gradients exists. Excludes gradient
+            accumulation, fp16-mixed (loss scaling unscales all gradients at once) and
+            optimizer offload.
+        offload_activations: keep the tensors autograd saves for backward in pinned CPU memory
+            (`torch.autograd.graph.save_on_cpu(pin_memory=True)`).
+        chunked_loss: compute the cross-entropy over this many chunks of the sequence, so the
+            float32 logits are never all alive; None: one piece, as the model does.
+        fsdp_cpu_offload: FSDP2's CPUOffloadPolicy: parameters, gradients and optimizer state on
+            the CPU, the optimizer step on the CPU (also with gpus=1).
+        host_memory: the host RAM budget for what lives on the CPU ("64GiB"); None: this
+            machine's RAM.
     """
 
     batch_size: int = 1
@@ -146,6 +169,13 @@ class Workload:
     gpus: int = 1
     fsdp_autocast: bool = False
     steps: int = 2
+    quantize: str | None = None
+    prepare_kbit: bool = False
+    optimizer_in_backward: bool = False
+    offload_activations: bool = False
+    chunked_loss: int | None = None
+    fsdp_cpu_offload: bool = False
+    host_memory: str | None = None
     #: Whether the optimizer was given, not resolved from the mode (see `with_`).
     _optimizer_given: bool = field(default=False, init=False, repr=False, compare=False)
 
@@ -173,7 +203,32 @@ class Workload:
             check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_choice("checkpointing", self.checkpointing, CHECKPOINTING)
         check_choice("attention", self.attention, ATTENTION)
-        for flag in ("offload_optimizer", "embedding_on_cpu", "tie_embeddings"):
+        if self.quantize is not None:
+            check_choice("quantize", self.quantize, QUANTIZE)
+        if self.chunked_loss is not None and (
+            not _is_int(self.chunked_loss) or self.chunked_loss < 2
+        ):
+            raise BadInputError(
+                f"chunked_loss must be a number of chunks >= 2, got {self.chunked_loss!r}. "
+                "Pass e.g. chunked_loss=8, or leave it out for the model's own loss."
+            )
+        if self.host_memory is not None:
+            from memfit.units import parse_bytes
+
+            if not isinstance(self.host_memory, str):
+                raise BadInputError(
+                    f"host_memory must be a size such as '64GiB', got {self.host_memory!r}."
+                )
+            parse_bytes(self.host_memory)  # a bad size raises, saying the form
+        for flag in (
+            "offload_optimizer",
+            "embedding_on_cpu",
+            "tie_embeddings",
+            "prepare_kbit",
+            "optimizer_in_backward",
+            "offload_activations",
+            "fsdp_cpu_offload",
+        ):
             if not isinstance(getattr(self, flag), bool):
                 raise BadInputError(f"{flag} must be True or False, got {getattr(self, flag)!r}.")
         if self.lora is not None and not isinstance(self.lora, LoraConfig):
@@ -215,6 +270,11 @@ class Workload:
             given.append("offload_optimizer=True")
         if self.freeze:
             given.append(f"freeze={self.freeze!r}")
+        for flag in ("optimizer_in_backward", "offload_activations", "fsdp_cpu_offload"):
+            if getattr(self, flag):
+                given.append(f"{flag}=True")
+        if self.chunked_loss is not None:
+            given.append(f"chunked_loss={self.chunked_loss}")
         if given:
             it = "it" if len(given) == 1 else "them"
             raise BadInputError(
@@ -244,10 +304,62 @@ class Workload:
                 f"it does not apply to gpus={self.gpus} with precision {self.precision!r}. "
                 "Drop it, or use gpus > 1 with bf16-mixed or fp16-mixed."
             )
+        self._check_quantize()
+        self._check_step_in_backward()
+        if self.fsdp_cpu_offload and (self.offload_optimizer or self.embedding_on_cpu):
+            raise BadInputError(
+                "fsdp_cpu_offload already keeps parameters, gradients and optimizer state on "
+                "the CPU; offload_optimizer and embedding_on_cpu do not combine with it. Drop "
+                "them, or drop fsdp_cpu_offload."
+            )
         if self.embedding_on_cpu and self.tie_embeddings:
             raise BadInputError(
                 "embedding_on_cpu and tie_embeddings conflict: a tied output projection "
                 "would have to run on the CPU too. Choose one."
+            )
+
+    def _check_quantize(self) -> None:
+        if self.prepare_kbit and self.quantize is None:
+            raise BadInputError(
+                "prepare_kbit applies peft's prepare_model_for_kbit_training to a quantized "
+                "model, and quantize is not given. Add quantize='nf4', or drop prepare_kbit."
+            )
+        if self.quantize is None:
+            return
+        if self.training and self.lora is None:
+            raise BadInputError(
+                f"quantize={self.quantize!r} in training: quantized weights are frozen (no "
+                "gradient flows into them), so only adapters can train. Add "
+                "lora=LoraConfig(rank=16) for QLoRA, or use mode='inference'."
+            )
+        if self.gpus > 1:
+            raise BadInputError(
+                f"quantize={self.quantize!r} with gpus={self.gpus}: memfit does not model "
+                "sharding quantized weights with FSDP2. Use gpus=1."
+            )
+
+    def _check_step_in_backward(self) -> None:
+        if not self.optimizer_in_backward:
+            return
+        why = ""
+        if self.optimizer == "none":
+            why = "optimizer is 'none' (there is no step to move). Name an optimizer"
+        elif self.grad_accum > 1:
+            why = (
+                f"grad_accum={self.grad_accum}: the step runs as each gradient lands, so "
+                "gradients cannot accumulate over micro-batches. Use grad_accum=1"
+            )
+        elif self.precision == "fp16-mixed":
+            why = (
+                "precision='fp16-mixed': the GradScaler unscales and checks all gradients "
+                "together before the step. Use bf16-mixed or bf16-true"
+            )
+        elif self.offload_optimizer or self.fsdp_cpu_offload:
+            why = "the optimizer steps on the CPU after backward. Drop the offload"
+        if why:
+            raise BadInputError(
+                f"optimizer_in_backward=True cannot combine with {why}, or drop "
+                "optimizer_in_backward."
             )
 
     @property

@@ -5,7 +5,10 @@ options (`--batch`, `--seq`, `--precision`, ...). Each option is an `Annotated` 
 flag, type and help text are written once; a verb lists the ones it takes, for instance
 `precision: Precision = DEFAULT.precision`. Defaults come from `Workload()` and the choices in
 the help texts from the tuples in `memfit.workload`, so the CLI cannot drift from the library.
-`build_workload` turns the parsed values into a `Workload`. `--optimizer` defaults to None, not
+`build_workload` turns the parsed values into a `Workload`. A verb that takes the whole set is
+decorated with `@takes_workload_options()`: the options are added to its signature (after its
+own parameters, so `--help` lists them in one place) and reach it as one `workload` argument, a
+built `Workload`; it lists none of them itself. `--optimizer` defaults to None, not
 to a name: the Workload resolves it from the mode (AdamW to train, none for inference), and an
 optimizer given with `--mode inference` is an error, as every training-only option is.
 
@@ -15,7 +18,10 @@ these verbs take them, so they are declared here too. Options only one verb has 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import inspect
+import typing
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 import typer
@@ -27,6 +33,7 @@ from memfit.workload import (
     MODES,
     OPTIMIZERS,
     PRECISIONS,
+    QUANTIZE,
     LoraConfig,
     Workload,
 )
@@ -95,6 +102,110 @@ Gpus = Annotated[
 ]
 
 
+Quantize = Annotated[
+    str | None,
+    typer.Option(help=f"Quantized base weights: {_either(QUANTIZE)} (needs --lora-rank to train)."),
+]
+PrepareKbit = Annotated[
+    bool,
+    typer.Option("--prepare-kbit", help="peft's prepare_model_for_kbit_training casts (QLoRA)."),
+]
+OptimizerInBackward = Annotated[
+    bool,
+    typer.Option(
+        "--optimizer-in-backward", help="Step each parameter as its gradient lands; free it."
+    ),
+]
+OffloadActivations = Annotated[
+    bool,
+    typer.Option("--offload-activations", help="Keep saved activations in pinned CPU memory."),
+]
+ChunkedLoss = Annotated[
+    int | None,
+    typer.Option("--chunked-loss", help="Cross-entropy over N chunks of the sequence."),
+]
+FsdpCpuOffload = Annotated[
+    bool,
+    typer.Option(
+        "--fsdp-cpu-offload", help="FSDP2 CPUOffloadPolicy: params, grads, state on the CPU."
+    ),
+]
+HostMemory = Annotated[
+    str | None,
+    typer.Option("--host-memory", help="Host RAM for what lives on the CPU (default: this one's)."),
+]
+
+
+#: Every option `build_workload` takes: (parameter name, annotated type, default), in the order
+#: `--help` lists them.
+WORKLOAD_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("batch", Batch, DEFAULT.batch_size),
+    ("seq", Seq, DEFAULT.seq_len),
+    ("image_size", ImageSize, DEFAULT.image_size),
+    ("mode", Mode, DEFAULT.mode),
+    ("precision", Precision, DEFAULT.precision),
+    ("optimizer", Optimizer, None),
+    ("grad_accum", GradAccum, DEFAULT.grad_accum),
+    ("checkpointing", Checkpointing, DEFAULT.checkpointing),
+    ("lora_rank", LoraRank, None),
+    ("lora_targets", LoraTargets, None),
+    ("attention", Attention, DEFAULT.attention),
+    ("gpu", GpuForVerdict, DEFAULT.gpu),
+    ("gpus", Gpus, DEFAULT.gpus),
+    ("offload_optimizer", OffloadOptimizer, DEFAULT.offload_optimizer),
+    ("embedding_on_cpu", EmbeddingOnCpu, DEFAULT.embedding_on_cpu),
+    ("tie_embeddings", TieEmbeddings, DEFAULT.tie_embeddings),
+    ("quantize", Quantize, DEFAULT.quantize),
+    ("prepare_kbit", PrepareKbit, DEFAULT.prepare_kbit),
+    ("optimizer_in_backward", OptimizerInBackward, DEFAULT.optimizer_in_backward),
+    ("offload_activations", OffloadActivations, DEFAULT.offload_activations),
+    ("chunked_loss", ChunkedLoss, DEFAULT.chunked_loss),
+    ("fsdp_cpu_offload", FsdpCpuOffload, DEFAULT.fsdp_cpu_offload),
+    ("host_memory", HostMemory, DEFAULT.host_memory),
+)
+
+
+def takes_workload_options(
+    *, skip: Sequence[str] = ()
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a verb every workload option but those it declares itself or `skip`s; the verb
+    takes `workload_options` (a dict of the parsed values, for `build_workload`) instead.
+
+    The options are added to the signature typer reads (after the verb's own parameters), so a
+    new Workload field is one line in WORKLOAD_OPTIONS, not one per verb.
+    """
+
+    def decorate(verb: Callable[..., Any]) -> Callable[..., Any]:
+        hints = typing.get_type_hints(verb, include_extras=True)
+        own = [
+            p.replace(annotation=hints.get(p.name, p.annotation))
+            for p in inspect.signature(verb).parameters.values()
+            if p.name != "workload_options"
+        ]
+        taken = {p.name for p in own} | set(skip)
+        added = [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=a)
+            for name, a, d in WORKLOAD_OPTIONS
+            if name not in taken
+        ]
+        names = {p.name for p in added}
+
+        @functools.wraps(verb)
+        def wrapper(**kwargs: Any) -> Any:
+            options = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+            return verb(**kwargs, workload_options=options)
+
+        params = sorted(own + added, key=lambda p: p.kind == inspect.Parameter.KEYWORD_ONLY)
+        wrapper.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
+        )
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        del wrapper.__wrapped__  # typer must read the signature above, not the verb's
+        return wrapper
+
+    return decorate
+
+
 def build_workload(
     *,
     batch: int = DEFAULT.batch_size,
@@ -113,8 +224,10 @@ def build_workload(
     embedding_on_cpu: bool = DEFAULT.embedding_on_cpu,
     tie_embeddings: bool = DEFAULT.tie_embeddings,
     gpus: int = DEFAULT.gpus,
+    **techniques: Any,
 ) -> Workload:
-    """The Workload the parsed options describe (keywords named as the parameters of the verbs).
+    """The Workload the parsed options describe (keywords named as the parameters of the verbs;
+    `techniques` are the Workload fields whose option has the field's name, e.g. `quantize`).
 
     Raises BadInputError (exit 2 in the verbs) for a bad value, for an option the mode does not
     use (`--optimizer`, `--grad-accum`, `--checkpointing`, `--lora-rank`, `--offload-optimizer`
@@ -129,6 +242,7 @@ def build_workload(
     given: dict[str, Any] = {"optimizer": optimizer} if optimizer is not None else {}
     return Workload(
         **given,
+        **techniques,
         batch_size=batch,
         seq_len=seq,
         image_size=image_size,

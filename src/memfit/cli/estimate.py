@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -15,53 +15,23 @@ from rich.console import Console
 from memfit.cli._exit import EXIT_DOES_NOT_FIT, EXIT_OK, fail
 from memfit.cli._pictures import check_picture_paths, write_pictures
 from memfit.cli._workload_options import (
-    DEFAULT,
     AllocConf,
     AsJson,
-    Attention,
-    Batch,
-    Checkpointing,
-    EmbeddingOnCpu,
-    GpuForVerdict,
-    Gpus,
-    GradAccum,
-    ImageSize,
-    LoraRank,
-    LoraTargets,
-    Mode,
     Model,
-    OffloadOptimizer,
-    Optimizer,
-    Precision,
-    Seq,
     Task,
-    TieEmbeddings,
     build_workload,
+    takes_workload_options,
 )
 from memfit.cuda.allocator_config import AllocatorConfig
 from memfit.errors import MemfitError
 
 
+@takes_workload_options()
 def estimate_command(
     model: Model,
-    batch: Batch = DEFAULT.batch_size,
-    seq: Seq = DEFAULT.seq_len,
-    image_size: ImageSize = DEFAULT.image_size,
+    workload_options: dict[str, Any],
     task: Task = None,
-    mode: Mode = DEFAULT.mode,
-    precision: Precision = DEFAULT.precision,
-    optimizer: Optimizer = None,
-    grad_accum: GradAccum = DEFAULT.grad_accum,
-    checkpointing: Checkpointing = DEFAULT.checkpointing,
-    lora_rank: LoraRank = None,
-    lora_targets: LoraTargets = None,
-    attention: Attention = DEFAULT.attention,
-    gpu: GpuForVerdict = DEFAULT.gpu,
     alloc_conf: AllocConf = None,
-    offload_optimizer: OffloadOptimizer = DEFAULT.offload_optimizer,
-    embedding_on_cpu: EmbeddingOnCpu = DEFAULT.embedding_on_cpu,
-    tie_embeddings: TieEmbeddings = DEFAULT.tie_embeddings,
-    gpus: Gpus = DEFAULT.gpus,
     as_json: AsJson = False,
     timeline: Annotated[
         Path | None, typer.Option(help="Write the memory timeline to this .png or .html.")
@@ -77,13 +47,7 @@ def estimate_command(
     try:
         from memfit.estimator.estimate import estimate
 
-        w = build_workload(
-            batch=batch, seq=seq, image_size=image_size, mode=mode, precision=precision,
-            optimizer=optimizer, grad_accum=grad_accum, checkpointing=checkpointing,
-            lora_rank=lora_rank, lora_targets=lora_targets, attention=attention, gpu=gpu,
-            offload_optimizer=offload_optimizer, embedding_on_cpu=embedding_on_cpu,
-            tie_embeddings=tie_embeddings, gpus=gpus,
-        )  # fmt: skip
+        w = build_workload(**workload_options)
         check_picture_paths(timeline, snapshot)  # before the estimate, which may take a while
         est = estimate(model, w, task=task, alloc_conf=alloc_conf)
         if timeline is not None or snapshot is not None:

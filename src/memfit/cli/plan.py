@@ -17,25 +17,14 @@ from memfit.cli._workload_options import (
     DEFAULT,
     AllocConf,
     AsJson,
-    Attention,
-    Batch,
-    Checkpointing,
-    EmbeddingOnCpu,
     Gpu,
     Gpus,
-    GradAccum,
     ImageSize,
-    LoraRank,
-    LoraTargets,
-    Mode,
     Model,
-    OffloadOptimizer,
-    Optimizer,
-    Precision,
     Seq,
     Task,
-    TieEmbeddings,
     build_workload,
+    takes_workload_options,
 )
 from memfit.errors import MemfitError
 
@@ -109,7 +98,7 @@ def _limit_command(
         # Here, not at the top: these import torch, which `memfit --help` must not.
         from memfit.planner.limits import max_batch, max_seq
 
-        w = build_workload(**options)
+        w = build_workload(gpu=gpu, **options)
         search = max_batch if what == "batch_size" else max_seq
         result = search(model, w, gpu=gpu, task=task, alloc_conf=alloc_conf)
     except (MemfitError, ImportError) as e:
@@ -120,65 +109,29 @@ def _limit_command(
     raise typer.Exit(EXIT_OK if result.largest else EXIT_DOES_NOT_FIT)
 
 
+@takes_workload_options(skip=("batch",))
 def max_batch_command(
     model: Model,
     gpu: Gpu,
-    seq: Seq = DEFAULT.seq_len,
-    image_size: ImageSize = DEFAULT.image_size,
+    workload_options: dict[str, Any],
     task: Task = None,
-    mode: Mode = DEFAULT.mode,
-    precision: Precision = DEFAULT.precision,
-    optimizer: Optimizer = None,
-    grad_accum: GradAccum = DEFAULT.grad_accum,
-    checkpointing: Checkpointing = DEFAULT.checkpointing,
-    lora_rank: LoraRank = None,
-    lora_targets: LoraTargets = None,
-    attention: Attention = DEFAULT.attention,
     alloc_conf: AllocConf = None,
-    offload_optimizer: OffloadOptimizer = DEFAULT.offload_optimizer,
-    embedding_on_cpu: EmbeddingOnCpu = DEFAULT.embedding_on_cpu,
-    tie_embeddings: TieEmbeddings = DEFAULT.tie_embeddings,
-    gpus: Gpus = DEFAULT.gpus,
     as_json: AsJson = False,
 ) -> None:
     """The largest micro-batch that fits GPU for this configuration (searched, not guessed; when
     the search's cap fits, the answer is "at least" the cap)."""
-    _limit_command(
-        "batch_size", model, gpu, task, alloc_conf, as_json,
-        seq=seq, image_size=image_size, mode=mode, precision=precision, optimizer=optimizer,
-        grad_accum=grad_accum, checkpointing=checkpointing, lora_rank=lora_rank,
-        lora_targets=lora_targets, attention=attention, offload_optimizer=offload_optimizer,
-        embedding_on_cpu=embedding_on_cpu, tie_embeddings=tie_embeddings, gpus=gpus,
-    )  # fmt: skip
+    _limit_command("batch_size", model, gpu, task, alloc_conf, as_json, **workload_options)
 
 
+@takes_workload_options(skip=("seq",))
 def max_seq_command(
     model: Model,
     gpu: Gpu,
-    batch: Batch = DEFAULT.batch_size,
-    image_size: ImageSize = DEFAULT.image_size,
+    workload_options: dict[str, Any],
     task: Task = None,
-    mode: Mode = DEFAULT.mode,
-    precision: Precision = DEFAULT.precision,
-    optimizer: Optimizer = None,
-    grad_accum: GradAccum = DEFAULT.grad_accum,
-    checkpointing: Checkpointing = DEFAULT.checkpointing,
-    lora_rank: LoraRank = None,
-    lora_targets: LoraTargets = None,
-    attention: Attention = DEFAULT.attention,
     alloc_conf: AllocConf = None,
-    offload_optimizer: OffloadOptimizer = DEFAULT.offload_optimizer,
-    embedding_on_cpu: EmbeddingOnCpu = DEFAULT.embedding_on_cpu,
-    tie_embeddings: TieEmbeddings = DEFAULT.tie_embeddings,
-    gpus: Gpus = DEFAULT.gpus,
     as_json: AsJson = False,
 ) -> None:
     """The longest sequence that fits GPU for this configuration (searched, not guessed), for
     models whose input is tokens."""
-    _limit_command(
-        "seq_len", model, gpu, task, alloc_conf, as_json,
-        batch=batch, image_size=image_size, mode=mode, precision=precision, optimizer=optimizer,
-        grad_accum=grad_accum, checkpointing=checkpointing, lora_rank=lora_rank,
-        lora_targets=lora_targets, attention=attention, offload_optimizer=offload_optimizer,
-        embedding_on_cpu=embedding_on_cpu, tie_embeddings=tie_embeddings, gpus=gpus,
-    )  # fmt: skip
+    _limit_command("seq_len", model, gpu, task, alloc_conf, as_json, **workload_options)
