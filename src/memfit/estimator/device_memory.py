@@ -20,9 +20,11 @@ from memfit.cuda.allocator_config import AllocatorConfig, cuda_block_size
 from memfit.cuda.allocator_replay import AllocatorResult, simulate
 from memfit.cuda.overhead import cublas_workspace_bytes, device_overhead
 from memfit.cuda.target import DEFAULT_GPU, get_gpu
+from memfit.estimator.host_memory import host_memory
 from memfit.estimator.step_runner import traced_micro_batches
 from memfit.events import ALLOC, FREE, Category, Event, StorageRecord
 from memfit.profile import MemoryProfile
+from memfit.units import format_bytes
 
 #: `fits` requires device memory to stay this fraction below the GPU's capacity. It covers the
 #: estimator's error targets (reserved memory within 3 % median, 8 % worst) for most jobs.
@@ -152,6 +154,9 @@ def attach_device_memory(
         offload_optimizer=w.offload_optimizer,
         embedding_path=getattr(est, "embedding_path", None) if w.embedding_on_cpu else None,
     )
+    est.host = host_memory(
+        records, events, w, embedding_path=est.embedding_path if w.embedding_on_cpu else None
+    )
     conv = uses_convolution(events)
     overhead = device_overhead(gpu, n_gpus=n_gpus, uses_conv=conv, training=w.training)
     cublas = overhead.item("cublas_workspace")
@@ -206,12 +211,27 @@ def attach_device_memory(
     if est.gpu is not None:
         limit = int(capacity * (1 - FIT_MARGIN_FRACTION))
         est.fits = failed is None and allocator_capacity > 0 and profile.device_total_bytes <= limit
+    if est.host.fits is False:
+        # The verdict is for a named GPU; without one the note still says it.
+        if est.gpu is not None:
+            est.fits = False
+        est.notes.append(_host_note(est.host))
     else:
         est.notes.append(
             f"No GPU named: CUDA context and workspace sizes assume {gpu.display_name}."
         )
     est.profile = profile
     return profile
+
+
+def _host_note(host: Any) -> str:
+    where = "host_memory" if host.budget_source == "host_memory" else "this machine's RAM"
+    return (
+        f"Host memory: the step keeps {format_bytes(host.peak_bytes)} on the CPU "
+        f"({format_bytes(host.pinned_bytes)} pinned), more than {where} "
+        f"({format_bytes(host.budget_bytes or 0)}): the CPU runs out of memory first. Offload "
+        "less, or give a larger host_memory if the run has more RAM."
+    )
 
 
 def _replay(

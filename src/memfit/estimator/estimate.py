@@ -16,6 +16,7 @@ from memfit.cuda.allocator_config import AllocatorConfig
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
 from memfit.estimator.device_memory import attach_device_memory
+from memfit.estimator.host_memory import HostMemory
 from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch, expand
 from memfit.estimator.step_runner import Trace, run_trace, traced_micro_batches
 from memfit.models.sources import ModelSpec, resolve_model
@@ -49,6 +50,8 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
     #: FLOPs of the steady-state step by phase ("forward", "backward", "recompute", ...).
     flops: dict[str, int] = field(default_factory=dict)
+    #: Host RAM for what the step keeps on the CPU (memfit.estimator.host_memory).
+    host: HostMemory | None = None
 
     def __repr__(self) -> str:
         """The headline, not the dataclass dump (the profile alone is thousands of events):

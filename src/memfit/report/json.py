@@ -46,6 +46,21 @@ def profile_json(profile: MemoryProfile, **extra: Any) -> dict[str, Any]:
     }
 
 
+def host_json(host: Any) -> dict[str, Any] | None:
+    """Host RAM of what the step keeps on the CPU (memfit.estimator.host_memory)."""
+    if host is None:
+        return None
+    return {
+        "peak_bytes": host.peak_bytes,
+        "pinned_bytes": host.pinned_bytes,
+        "pageable_bytes": host.pageable_bytes,
+        "by_category": {str(k): v for k, v in host.by_category.items()},
+        "budget_bytes": host.budget_bytes,
+        "budget_source": host.budget_source,
+        "fits": host.fits,
+    }
+
+
 def estimate_json(est: Estimate) -> dict[str, Any]:
     """The stable JSON contract of `memfit estimate --json` (see shared/DESIGN.md)."""
     w = est.workload
@@ -79,9 +94,19 @@ def estimate_json(est: Estimate) -> dict[str, Any]:
             "techniques": technique_labels(w),
             "gpu": est.gpu.name if est.gpu is not None else None,
             "gpus": w.gpus,
+            "quantize": w.quantize,
+            "prepare_kbit": w.prepare_kbit,
+            "optimizer_in_backward": w.optimizer_in_backward,
+            "offload_optimizer": w.offload_optimizer,
+            "offload_activations": w.offload_activations,
+            "chunked_loss": w.chunked_loss,
+            "embedding_on_cpu": w.embedding_on_cpu,
+            "tie_embeddings": w.tie_embeddings,
+            "fsdp_cpu_offload": w.fsdp_cpu_offload,
             "repeated_blocks": est.num_blocks,
             "replayed": est.replayed,
         },
+        "host_memory": host_json(est.host),
         "trace_seconds": round(est.trace_seconds, 3),
         "notes": est.notes,
     }

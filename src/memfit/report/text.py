@@ -50,6 +50,25 @@ def rule_of_thumb_bytes(est: Estimate) -> int:
     )
 
 
+def host_lines(est: Estimate) -> list[str]:
+    """What the step keeps in host RAM, when it keeps something there."""
+    host = est.host
+    if host is None or not host.worth_reporting:
+        return []
+    budget = ""
+    if host.budget_bytes is not None:
+        source = "--host-memory" if host.budget_source == "host_memory" else "this machine"
+        budget = f" of {format_bytes(host.budget_bytes)} ({source})"
+    out = [
+        "",
+        f"host memory (CPU RAM){budget}: {format_bytes(host.peak_bytes)}, of which "
+        f"{format_bytes(host.pinned_bytes)} pinned; not counting the process itself",
+    ]
+    for cat, b in sorted(host.by_category.items(), key=lambda kv: -kv[1]):
+        out.append(f"  {cat!s:<22}{format_bytes(b):>14}")
+    return out
+
+
 def render_text(est: Estimate, *, top_modules: int = 8) -> str:
     """The terminal report, as plain text (the CLI prints it through rich)."""
     p = est.profile
@@ -93,6 +112,7 @@ def render_text(est: Estimate, *, top_modules: int = 8) -> str:
     for key in ("allocator_cache", "cuda_context", "nccl"):
         if dev.get(key):
             lines.append(f"  {key:<22}{format_bytes(dev[key]):>14}  (outside allocated)")
+    lines += host_lines(est)
     lines.append("")
     lines.append("at the peak, by module:")
     for mod, b in list(grouped_modules(p.modules_at_depth(3)).items())[:top_modules]:
