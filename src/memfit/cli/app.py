@@ -13,6 +13,7 @@ import sys
 import typer
 
 from memfit.cli.catalog import gpus_command, models_command
+from memfit.cli.data import data_command
 from memfit.cli.doctor import doctor_command
 from memfit.cli.estimate import estimate_command
 from memfit.cli.find_batch import find_batch_command
@@ -36,6 +37,7 @@ app.command("profile")(profile_command)
 app.command("compare")(compare_command)
 app.command("doctor")(doctor_command)
 app.command("find-batch")(find_batch_command)
+app.command("data")(data_command)
 
 
 def main() -> None:
