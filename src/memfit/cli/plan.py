@@ -53,7 +53,7 @@ def plan_command(
     ] = None,
     allow: Annotated[
         list[str] | None,
-        typer.Option(help="Also allow a technique (lora, tied-embeddings, pure-precision)."),
+        typer.Option(help="Also allow a technique (lora, qlora, tied-embeddings, pure-precision)."),
     ] = None,
     forbid: Annotated[list[str] | None, typer.Option(help="Never use a technique.")] = None,
     task: Task = None,

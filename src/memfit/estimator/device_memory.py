@@ -81,15 +81,25 @@ def summarize(
 
     parameters and optimizer state as allocated; gradients of the last step (each step
     allocates them anew); the input embedding's output of one micro-batch (what crosses PCIe
-    when the embedding runs on the CPU).
+    when the embedding runs on the CPU); the bytes saved to the host in one micro-batch's
+    forward (offloaded activations: they come back in backward).
     """
 
     last = max((r.step for r in records.values()), default=0)
     out = dict.fromkeys(
-        ("parameters", "gradients", "optimizer_state", "host_optimizer_state", "embedding_output"),
+        (
+            "parameters",
+            "gradients",
+            "optimizer_state",
+            "host_optimizer_state",
+            "embedding_output",
+            "offloaded_activations",
+        ),
         0,
     )
     for r in records.values():
+        if r.host and r.step == last and r.phase == "forward" and r.category != "parameters":
+            out["offloaded_activations"] += r.nbytes
         size = cuda_block_size(r.nbytes)
         if r.category == "parameters" and not r.host:
             out["parameters"] += size
@@ -107,6 +117,7 @@ def summarize(
         ):
             out["embedding_output"] += r.nbytes
     out["embedding_output"] //= max(micro, 1)
+    out["offloaded_activations"] //= max(micro, 1)
     return out
 
 

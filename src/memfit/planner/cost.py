@@ -28,7 +28,10 @@ The model, per GPU and per optimizer step (every term below is in `StepCost`):
   update is bandwidth-bound, which it nearly always is.
 * ``transfer_seconds``: PCIe traffic. With CPU offload, gradients go down and updated parameters
   come up every step. An embedding kept on the CPU also sends its activations and gradients
-  across. Neither this nor the CPU update is assumed to overlap with GPU compute. That is
+  across; offloaded activations go down in forward and come back in backward; a paged
+  optimizer's evicted pages come and go; FSDP2's CPU offload copies the parameters up for
+  every all-gather. (Dequantizing quantized weights is HBM traffic, added to compute.)
+  Neither this nor the CPU update is assumed to overlap with GPU compute. That is
   conservative: DeepSpeed overlaps part of it.
 * ``communication_seconds``: the *exposed* part of the sharding collectives (FSDP / ZeRO all-gather
   and reduce-scatter). They run over NVLink on SXM boards and over PCIe otherwise. A fraction
@@ -177,6 +180,17 @@ class StepWork:
         sharded_bytes_per_step: bytes each GPU all-gathers and reduce-scatters per step
             (FSDP / ZeRO). 0 without sharding. A DDP gradient all-reduce can be given here as
             about 2 x gradient bytes.
+        activation_offload_bytes_per_step: saved activations copied to pinned host memory in
+            forward and back in backward (both directions counted), all micro-batches.
+        paged_bytes_per_step: unified-memory pages of a paged optimizer's state that do not
+            stay resident on the device: evicted during forward/backward and brought back
+            for the update (both directions counted).
+        fsdp_offload_bytes_per_step: FSDP2 CPU offload's copies beyond one gradient down and
+            one parameter up (which `offloaded_parameter_count` prices): the parameter shards
+            copied to the device for every other forward and backward all-gather.
+        dequantized_bytes_per_step: HBM bytes of dequantizing quantized weights: each matmul
+            reads the packed weight and writes, then reads, a 16-bit copy, in every forward,
+            backward and recomputation.
     """
 
     forward_flops: int
@@ -194,6 +208,10 @@ class StepWork:
     cpu_embedding_bytes_per_step: int = 0
     n_gpus: int = 1
     sharded_bytes_per_step: int = 0
+    activation_offload_bytes_per_step: int = 0
+    paged_bytes_per_step: int = 0
+    fsdp_offload_bytes_per_step: int = 0
+    dequantized_bytes_per_step: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -208,6 +226,10 @@ class StepWork:
             "offloaded_parameter_count",
             "cpu_embedding_bytes_per_step",
             "sharded_bytes_per_step",
+            "activation_offload_bytes_per_step",
+            "paged_bytes_per_step",
+            "fsdp_offload_bytes_per_step",
+            "dequantized_bytes_per_step",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -350,6 +372,10 @@ def _compute(work: StepWork, gpu: GPU, tf32: bool, notes: list[str]) -> tuple[fl
             f"small micro-batch: {work.tokens_per_micro_batch} tokens reach "
             f"{efficiency / MAX_MATMUL_EFFICIENCY:.0%} of large-batch efficiency"
         )
+    if work.dequantized_bytes_per_step:
+        dequant_seconds = work.dequantized_bytes_per_step / gpu.memory_bandwidth_bytes_per_s
+        compute_seconds += dequant_seconds
+        notes.append(f"dequantizing weights: {dequant_seconds * 1e3:.1f} ms of HBM traffic")
     if work.recompute_flops:
         notes.append(
             f"checkpoint recomputation adds {work.recompute_flops / 1e12:.2f} TFLOP "
@@ -389,10 +415,16 @@ def _host_traffic(work: StepWork, gpu: GPU, notes: list[str]) -> tuple[float, fl
             f"{cpu_seconds * 1e3:.1f} ms CPU update, not overlapped with GPU compute "
             "(conservative)"
         )
-    if work.cpu_embedding_bytes_per_step > 0:
-        embedding_seconds = work.cpu_embedding_bytes_per_step / pcie
-        transfer_seconds += embedding_seconds
-        notes.append(f"CPU embedding: {embedding_seconds * 1e3:.1f} ms over PCIe")
+    for nbytes, what in (
+        (work.cpu_embedding_bytes_per_step, "CPU embedding"),
+        (work.activation_offload_bytes_per_step, "offloaded activations"),
+        (work.paged_bytes_per_step, "paged optimizer state that does not stay on the device"),
+        (work.fsdp_offload_bytes_per_step, "FSDP2 CPU offload's parameter copies"),
+    ):
+        if nbytes > 0:
+            seconds = nbytes / pcie
+            transfer_seconds += seconds
+            notes.append(f"{what}: {seconds * 1e3:.1f} ms over PCIe, not overlapped")
     return transfer_seconds, cpu_seconds
 
 

@@ -29,7 +29,18 @@ def apply_code(c: Candidate, model: str, gpu: str) -> str:
             fields.append(f"checkpoint_first={w.checkpoint_first}")
     if w.lora is not None:
         fields.append(f"lora=memfit.LoraConfig(rank={w.lora.rank})")
-    for flag in ("offload_optimizer", "embedding_on_cpu", "tie_embeddings"):
+    if w.quantize is not None:
+        fields.append(f"quantize={w.quantize!r}")
+    if w.chunked_loss is not None:
+        fields.append(f"chunked_loss={w.chunked_loss}")
+    for flag in (
+        "offload_optimizer",
+        "embedding_on_cpu",
+        "tie_embeddings",
+        "optimizer_in_backward",
+        "offload_activations",
+        "fsdp_cpu_offload",
+    ):
         if getattr(w, flag):
             fields.append(f"{flag}=True")
     head = ""
@@ -61,6 +72,12 @@ def _candidate_json(c: Candidate) -> dict[str, Any]:
         "offload_optimizer": c.workload.offload_optimizer,
         "embedding_on_cpu": c.workload.embedding_on_cpu,
         "tie_embeddings": c.workload.tie_embeddings,
+        "quantize": c.workload.quantize,
+        "optimizer_in_backward": c.workload.optimizer_in_backward,
+        "offload_activations": c.workload.offload_activations,
+        "chunked_loss": c.workload.chunked_loss,
+        "fsdp_cpu_offload": c.workload.fsdp_cpu_offload,
+        "host_bytes": c.estimate.host.peak_bytes if c.estimate.host is not None else None,
         "peak_allocated_bytes": p.peak_allocated_bytes,
         "peak_reserved_bytes": p.peak_reserved_bytes,
         "device_total_bytes": p.device_total_bytes,

@@ -7,62 +7,55 @@ that fits with the step-time cost model (memfit.planner.cost), and returns the f
 Pareto table of memory against predicted step time too.
 
 How the search stays fast:
-- Each *shape* (precision, optimizer, checkpointing, LoRA, tied embeddings) is traced once per
-  micro-batch size. Placement variants (optimizer state on the CPU, embedding on the CPU) only
-  change where storages live, so they are priced from the same trace.
+- Each *shape* (precision, optimizer, checkpointing, LoRA / QLoRA, tied embeddings, and the lean
+  techniques: step in backward, offloaded activations, chunked loss, FSDP2 CPU offload) is
+  traced once per micro-batch size. Placement variants (optimizer state on the CPU, embedding
+  on the CPU) only change where storages live, so they are priced from the same trace.
+- The shapes come in stages (memfit.planner.shapes): the lean full fine-tune and then FSDP2's
+  CPU offload are searched only when nothing fitted before them, so a job that fits with the
+  usual techniques costs no more traces than before.
 - For a shape, the micro-batch is found by binary search over the divisors of the global
-  batch (memory grows with the micro-batch).
+  batch (memory grows with the micro-batch); with the step in backward it is the per-GPU
+  batch (no accumulation).
 - A shape that does not fit at micro-batch 1 rules out every heavier shape: more precise
-  weights, a heavier optimizer, no checkpointing (see `_heavier`).
+  weights, a heavier optimizer, no checkpointing (see `memfit.planner.shapes.heavier`).
 - During the search the replay of repeated blocks is not re-verified on 4 blocks. The
   recommended plan is estimated again through `memfit.estimate` itself, so its figures are
   exactly what `memfit estimate` prints for that configuration.
 
-Not searched yet: sharding over several GPUs (FSDP/ZeRO) and a choice of which blocks to
-checkpoint (checkpointing is all repeated blocks or none). Asking for more than one GPU is an
-error that says so.
+Not searched: a choice of which blocks to checkpoint beyond "the first k" (see
+`_fewest_checkpointed`), tensor parallelism, and quantization without LoRA (a quantized base
+cannot be trained by itself).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.cuda.target import get_gpu
-from memfit.errors import BadInputError, TraceError, closest
+from memfit.errors import BadInputError, TraceError
 from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.estimator.estimate import Estimate, estimate, estimate_from_trace, trace_spec
 from memfit.estimator.step_runner import Trace
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.planner.advice import what_would_fit
 from memfit.planner.cost import StepCost, StepWork, step_cost
+from memfit.planner.shapes import (
+    PLAN_LORA_RANK,
+    WIDEN_WHEN_NOTHING_FITS,
+    Shape,
+    allowed_techniques,
+    divisors,
+    heavier,
+    lean_shapes,
+    offload_shapes,
+    placements,
+    shapes,
+)
 from memfit.workload import LoraConfig, Workload
-
-#: Techniques the planner can use, by the name `allow` / `forbid` take.
-TECHNIQUES = {
-    "micro-batch": "split the global batch into micro-batches with gradient accumulation",
-    "mixed-precision": "fp16/bf16 autocast with fp32 weights",
-    "pure-precision": "16-bit weights, gradients and optimizer state (bf16-true)",
-    "checkpointing": "recompute each repeated block's activations in backward",
-    "8bit-optimizer": "AdamW with 8-bit states (bitsandbytes)",
-    "adafactor": "Adafactor's factored second moments",
-    "offload": "optimizer state and update on the CPU",
-    "cpu-embedding": "input embedding table on the CPU",
-    "tied-embeddings": "share the input embedding with the output projection (changes the model)",
-    "lora": "train LoRA adapters on a frozen base (changes what is trained)",
-}
-#: Techniques that change the model, what is trained, or its numerics (no fp32 master
-#: weights): used only when allowed explicitly.
-OPT_IN = frozenset({"tied-embeddings", "lora", "pure-precision"})
-#: Opt-in techniques searched anyway when nothing fits without them, because they keep the
-#: model and what is trained (pure bf16 is how torchtune fine-tunes full models); the plan says
-#: so, and `--forbid` refuses them. LoRA and tied embeddings change the model: suggested only.
-WIDEN_WHEN_NOTHING_FITS = frozenset({"pure-precision"})
-#: LoRA rank the planner tries when LoRA is allowed.
-PLAN_LORA_RANK = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,109 +131,14 @@ class Plan:
     widened: tuple[str, ...] = ()
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-@dataclass(frozen=True)
-class _Shape:
-    precision: str
-    optimizer: str
-    checkpointing: str
-    lora: bool
-    tied: bool
-
-
-_PRECISION_WEIGHT = {"bf16-true": 0, "fp16-true": 0, "bf16-mixed": 1, "fp16-mixed": 1, "fp32": 2}
-_OPTIMIZER_WEIGHT = {
-    "sgd": 0, "adamw-8bit": 1, "adafactor": 1, "lion": 1, "sgd-momentum": 1,
-    "adam": 2, "adamw": 2, "adamw-fused": 2, "none": 0,
-}  # fmt: skip
-
-
-def _optimizer_heavier(a: str, b: str) -> bool:
-    # A partial order: Adam(W) keeps two full moments, more than any lighter optimizer; the
-    # lighter ones (8-bit AdamW, Adafactor, ...) are not comparable with each other.
-    return a == b or _OPTIMIZER_WEIGHT[a] > _OPTIMIZER_WEIGHT[b]
-
-
-def _heavier(a: _Shape, b: _Shape) -> bool:
-    """True when shape `a` needs at least as much memory as `b` in every respect."""
-    return (
-        _PRECISION_WEIGHT[a.precision] >= _PRECISION_WEIGHT[b.precision]
-        and _optimizer_heavier(a.optimizer, b.optimizer)
-        and (a.checkpointing == "off" or b.checkpointing == "blocks")
-        and (not a.lora or b.lora)
-        and (a.tied <= b.tied)
-    )
-
-
-def _allowed(allow: tuple[str, ...], forbid: tuple[str, ...]) -> set[str]:
-    for name in (*allow, *forbid):
-        if name not in TECHNIQUES:
-            raise BadInputError(
-                f"Unknown technique {name!r}.{closest(name, list(TECHNIQUES))} "
-                f"Known: {', '.join(TECHNIQUES)}."
-            )
-    both = set(allow) & set(forbid)
-    if both:
-        raise BadInputError(
-            f"{', '.join(sorted(both))} is both allowed and forbidden; drop one of the flags."
-        )
-    return (set(TECHNIQUES) - OPT_IN - set(forbid)) | set(allow)
-
-
-def _shapes(goal: Goal, allowed: set[str], gpu: Any, spec: ModelSpec) -> list[_Shape]:
-    low = "bf16" if gpu.bf16 else "fp16"
-    if goal.precision:
-        precisions = [goal.precision]
-    else:
-        # fp32 needs more memory than mixed precision and runs slower, so it is searched only
-        # when mixed precision is not allowed.
-        precisions = [f"{low}-mixed"] if "mixed-precision" in allowed else ["fp32"]
-        if "pure-precision" in allowed and gpu.bf16:
-            precisions.append("bf16-true")
-    if goal.optimizer:
-        optimizers = [goal.optimizer]
-    else:
-        optimizers = ["adamw"]
-        if "8bit-optimizer" in allowed:
-            optimizers.append("adamw-8bit")
-        if "adafactor" in allowed:
-            optimizers.append("adafactor")
-    ckpt = ["off", "blocks"] if "checkpointing" in allowed and spec.num_layers else ["off"]
-    lora = [False, True] if "lora" in allowed else [False]
-    tied = [False, True] if "tied-embeddings" in allowed else [False]
-    out = [
-        _Shape(*combo)
-        for combo in itertools.product(precisions, optimizers, ckpt, lora, tied)
-        # LoRA's optimizer state is tiny: try only the goal's (or AdamW) optimizer with it.
-        if not combo[3] or combo[1] == (goal.optimizer or "adamw")
-    ]
-    if True in lora and not goal.precision and gpu.bf16 and "bf16-true" not in precisions:
-        # A frozen base needs no fp32 master weights: LoRA is usually trained on a 16-bit base.
-        for c, t in itertools.product(ckpt, tied):
-            out.append(_Shape("bf16-true", goal.optimizer or "adamw", c, True, t))
-    # Fastest first (16-bit compute, no recomputation), lightest next: a good plan found early
-    # bounds the rest, and a light shape that fails rules out the heavier ones.
-    return sorted(out, key=lambda s: (
-        s.precision == "fp32", s.checkpointing != "off",
-        _PRECISION_WEIGHT[s.precision] + _OPTIMIZER_WEIGHT[s.optimizer] - s.lora - s.tied,
-    ))  # fmt: skip
-
-
-def _placements(allowed: set[str]) -> list[tuple[bool, bool]]:
-    offload = [False, True] if "offload" in allowed else [False]
-    emb = [False, True] if "cpu-embedding" in allowed else [False]
-    return list(itertools.product(offload, emb))
-
-
 def work_of(est: Estimate) -> StepWork:
     """The step's work for the cost model, from an estimate (per GPU)."""
     w = est.workload
     flops = est.flops
     rec = est.records_summary
     tokens = w.batch_size * (w.seq_len or 1)
+    # The update runs on the CPU (optimizer offload, FSDP2's CPU offload) when state is there.
+    cpu_update = (w.offload_optimizer or w.fsdp_cpu_offload) and rec["host_optimizer_state"] > 0
     return StepWork(
         forward_flops=flops.get("forward", 0),
         backward_flops=flops.get("backward", 0) + flops.get("recompute", 0),
@@ -254,8 +152,8 @@ def work_of(est: Estimate) -> StepWork:
         parameter_bytes=rec["gradients"],
         gradient_bytes=rec["gradients"],
         optimizer_state_bytes=rec["optimizer_state"],
-        offloaded_optimizer_bytes=rec["host_optimizer_state"] if w.offload_optimizer else 0,
-        offloaded_parameter_count=est.trainable_parameter_count if w.offload_optimizer else 0,
+        offloaded_optimizer_bytes=rec["host_optimizer_state"] if cpu_update else 0,
+        offloaded_parameter_count=est.trainable_parameter_count if cpu_update else 0,
         cpu_embedding_bytes_per_step=2 * rec["embedding_output"] * w.grad_accum
         if w.embedding_on_cpu
         else 0,
@@ -263,6 +161,54 @@ def work_of(est: Estimate) -> StepWork:
         # FSDP2 all-gathers each shard in every micro-batch's forward and backward and
         # reduce-scatters the gradients once: each GPU receives (N - 1) shards each time.
         sharded_bytes_per_step=(2 * w.grad_accum + 1) * rec["parameters"] * (w.gpus - 1),
+        **_lean_work(est),
+    )
+
+
+def _lean_work(est: Estimate) -> dict[str, int]:
+    """The cost-model terms of the lean techniques (memfit.planner.cost.StepWork)."""
+    w = est.workload
+    rec = est.records_summary
+    out: dict[str, int] = {}
+    if w.offload_activations:
+        out["activation_offload_bytes_per_step"] = 2 * rec["offloaded_activations"] * w.grad_accum
+    if w.optimizer.startswith("paged-") and est.gpu is not None:
+        # Pages stay resident while the device has room beside everything else.
+        room = int(est.gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION))
+        room -= est.profile.device_total_bytes or 0
+        state = rec.get("paged_optimizer_state", rec["host_optimizer_state"])
+        out["paged_bytes_per_step"] = 2 * max(0, state - max(room, 0))
+    if w.fsdp_cpu_offload:
+        host = est.host.by_category.get("parameters", 0) if est.host is not None else 0
+        out["fsdp_offload_bytes_per_step"] = max(0, 2 * w.grad_accum - 1) * host
+    if w.quantize is not None:
+        passes = 2 + (w.checkpointing != "off")
+        sixteen_bit = 2 * est.parameter_count
+        out["dequantized_bytes_per_step"] = (
+            passes * w.grad_accum * (rec["parameters"] + 2 * sixteen_bit)
+            if w.training
+            else rec["parameters"] + 2 * sixteen_bit
+        )
+    return out
+
+
+def _shape_of(w: Workload) -> Shape:
+    return Shape(
+        w.precision, w.optimizer, w.checkpointing, w.lora is not None, w.tie_embeddings,
+        quantize=w.quantize, in_backward=w.optimizer_in_backward,
+        offload_activations=w.offload_activations, chunked_loss=w.chunked_loss,
+        fsdp_offload=w.fsdp_cpu_offload,
+    )  # fmt: skip
+
+
+def _lean(shape: Shape) -> bool:
+    """Whether the shape uses a technique of the later stages or QLoRA."""
+    return bool(
+        shape.quantize
+        or shape.in_backward
+        or shape.offload_activations
+        or shape.chunked_loss
+        or shape.fsdp_offload
     )
 
 
@@ -273,11 +219,11 @@ class _Search:
         self.gpu = gpu
         self.n_gpus = n_gpus
         self.per_gpu = goal.global_batch // n_gpus  # samples per GPU per step
-        self.traces: dict[tuple[_Shape, int], tuple[Trace, int, bool]] = {}
+        self.traces: dict[tuple[Shape, int], tuple[Trace, int, bool]] = {}
         self.candidates: list[Candidate] = []
-        self.untraceable: dict[_Shape, str] = {}
+        self.untraceable: dict[Shape, str] = {}
 
-    def workload(self, shape: _Shape, mb: int, offload: bool, emb: bool) -> Workload:
+    def workload(self, shape: Shape, mb: int, offload: bool, emb: bool) -> Workload:
         return Workload(
             batch_size=mb,
             seq_len=self.goal.seq_len,
@@ -292,25 +238,33 @@ class _Search:
             offload_optimizer=offload,
             embedding_on_cpu=emb,
             gpu=self.gpu.name,
+            quantize=shape.quantize,
+            optimizer_in_backward=shape.in_backward,
+            offload_activations=shape.offload_activations,
+            chunked_loss=shape.chunked_loss,
+            fsdp_cpu_offload=shape.fsdp_offload,
         )
 
-    def evaluate(self, shape: _Shape, mb: int, placements: list[tuple[bool, bool]]) -> list[
+    def evaluate(self, shape: Shape, mb: int, placements: list[tuple[bool, bool]]) -> list[
         Candidate
     ]:  # fmt: skip
         key = (shape, mb)
-        base = self.workload(shape, mb, False, False)
         if shape in self.untraceable:
             return []
-        if key not in self.traces:
-            try:
+        # A lean technique the model or the Workload refuses (a chunked loss on a model
+        # without an LM head, QLoRA over several GPUs) rules out the shape, not the plan.
+        refused = (TraceError, BadInputError) if _lean(shape) else (TraceError,)
+        try:
+            base = self.workload(shape, mb, False, False)
+            if key not in self.traces:
                 self.traces[key] = trace_spec(
                     self.spec, base, self.gpu.compute_capability, verify=False
                 )
-            except TraceError as e:
-                # This combination cannot run (e.g. Adafactor's factored state on FSDP2
-                # shards): it is not a candidate; the others still are.
-                self.untraceable[shape] = str(e).splitlines()[0]
-                return []
+        except refused as e:
+            # This combination cannot run (e.g. Adafactor's factored state on FSDP2
+            # shards): it is not a candidate; the others still are.
+            self.untraceable[shape] = str(e).splitlines()[0]
+            return []
         tr, n_blocks, replayed = self.traces[key]
         out: list[Candidate] = []
         # Placements only move memory to the CPU, at a cost: when everything on the GPU fits,
@@ -344,33 +298,47 @@ def _explore(
     allowed: set[str],
     n_gpus: int,
     *,
-    skip: frozenset[_Shape] | set[_Shape] = frozenset(),
-) -> set[_Shape]:
-    """Evaluate the shapes and micro-batches that can win, pruning what cannot: a light shape
-    that does not fit rules out every heavier one, and a shape whose largest micro-batch is
-    already slower than the best fit is not searched further."""
+    stage: Any = shapes,
+    skip: frozenset[Shape] | set[Shape] = frozenset(),
+) -> set[Shape]:
+    """Evaluate the shapes of `stage` and the micro-batches that can win, pruning what cannot:
+    a light shape that does not fit rules out every heavier one, and a shape whose largest
+    micro-batch is already slower than the best fit is not searched further."""
     # FSDP2 has its own CPU offload; memfit models neither placement with sharding.
-    placements = _placements(allowed) if n_gpus == 1 else [(False, False)]
+    places = placements(allowed) if n_gpus == 1 else [(False, False)]
     per_gpu = search.per_gpu
-    micro = _divisors(per_gpu) if "micro-batch" in allowed else [per_gpu]
-    failed: list[_Shape] = []
+    micro_all = divisors(per_gpu) if "micro-batch" in allowed else [per_gpu]
+    failed: list[Shape] = []
     best_seconds = float("inf")
-    shapes = [s for s in _shapes(goal, allowed, gpu_obj, spec) if s not in skip]
+    todo = [s for s in stage(goal, allowed, gpu_obj, spec) if s not in skip]
+
+    def micro_of(shape: Shape) -> list[int]:
+        # The step in backward cannot accumulate: the micro-batch is the per-GPU batch.
+        return [per_gpu] if shape.in_backward else micro_all
+
+    def places_of(shape: Shape) -> list[tuple[bool, bool]]:
+        # The optimizer on the CPU and the step in backward exclude each other; FSDP2's CPU
+        # offload places everything itself.
+        if shape.fsdp_offload:
+            return [(False, False)]
+        return [(o, e) for o, e in places if not (o and shape.in_backward)]
+
     # Probe the lightest shapes at the smallest micro-batch first: a light shape that does not
     # fit rules out every heavier one before any of them is traced.
-    lightest = [s for s in shapes if not any(_heavier(s, t) and s != t for t in shapes)]
+    lightest = [s for s in todo if not any(heavier(s, t) and s != t for t in todo)]
     for shape in lightest:
-        probe = search.evaluate(shape, micro[0], placements)
+        probe = search.evaluate(shape, micro_of(shape)[0], places_of(shape))
         # An untraceable shape (no candidates) rules out nothing heavier.
         if probe and not any(c.fits for c in probe):
             failed.append(shape)
-    for shape in shapes:
-        if any(_heavier(shape, f) for f in failed):
+    for shape in todo:
+        if any(heavier(shape, f) for f in failed):
             continue
+        micro = micro_of(shape)
         # The largest micro-batch first: if it fits, nothing of this shape is faster; if not,
         # its cost bounds every smaller micro-batch from below (less efficient, more launches;
         # placements only add transfers), so a shape that cannot win is not searched.
-        top = search.evaluate(shape, micro[-1], placements)
+        top = search.evaluate(shape, micro[-1], places_of(shape))
         if any(c.fits for c in top):
             best_seconds = min(best_seconds, *(c.cost.seconds for c in top if c.fits))
             continue
@@ -380,7 +348,7 @@ def _explore(
         lo, hi, best_i = 0, len(micro) - 2, -1
         while lo <= hi:
             mid = (lo + hi) // 2
-            cands = search.evaluate(shape, micro[mid], placements)
+            cands = search.evaluate(shape, micro[mid], places_of(shape))
             fit = [c.cost.seconds for c in cands if c.fits]
             if fit:
                 best_i, lo = mid, mid + 1
@@ -389,7 +357,7 @@ def _explore(
                 hi = mid - 1
         if best_i < 0 and micro[0] == 1 and shape not in search.untraceable:
             failed.append(shape)
-    return set(shapes)
+    return set(todo)
 
 
 def plan(
@@ -423,7 +391,7 @@ def plan(
             f"give a multiple of {n_gpus}."
         )
     gpu_obj = get_gpu(gpu)
-    allowed = _allowed(allow, forbid)
+    allowed = allowed_techniques(allow, forbid)
     spec = resolve_model(model, task=task)
     if goal.seq_len and spec.max_positions and goal.seq_len > spec.max_positions:
         raise BadInputError(
@@ -431,13 +399,7 @@ def plan(
             f"({spec.max_positions} positions)."
         )
     search = _Search(spec, goal, gpu_obj, n_gpus)
-    explored = _explore(search, spec, goal, gpu_obj, allowed, n_gpus)
-    widened: tuple[str, ...] = ()
-    extra = WIDEN_WHEN_NOTHING_FITS - allowed - set(forbid)
-    if extra and not any(c.fits for c in search.candidates):
-        _explore(search, spec, goal, gpu_obj, allowed | extra, n_gpus, skip=explored)
-        if any(c.fits for c in search.candidates):
-            widened = tuple(sorted(extra))
+    widened = _staged_search(search, spec, goal, gpu_obj, allowed, set(forbid), n_gpus)
     fitting = [c for c in search.candidates if c.fits]
     best = min(fitting, key=lambda c: _preference(c, goal)) if fitting else None
     if best is not None and best.workload.checkpointing == "blocks" and spec.num_layers:
@@ -472,6 +434,39 @@ def plan(
     )
 
 
+def _staged_search(
+    search: _Search,
+    spec: ModelSpec,
+    goal: Goal,
+    gpu_obj: Any,
+    allowed: set[str],
+    forbid: set[str],
+    n_gpus: int,
+) -> tuple[str, ...]:
+    """Search stage by stage (memfit.planner.shapes), each only when nothing fitted before it;
+    returns the opt-in techniques added because nothing fitted without them."""
+
+    def fits() -> bool:
+        return any(c.fits for c in search.candidates)
+
+    explored = _explore(search, spec, goal, gpu_obj, allowed, n_gpus)
+    extra = WIDEN_WHEN_NOTHING_FITS - allowed - forbid
+    widened: tuple[str, ...] = ()
+    if extra and not fits():
+        _explore(search, spec, goal, gpu_obj, allowed | extra, n_gpus, skip=explored)
+        if fits():
+            widened = tuple(sorted(extra))
+    lean_allowed = allowed | extra
+    for stage in (lean_shapes, offload_shapes):
+        if fits():
+            break
+        _explore(search, spec, goal, gpu_obj, lean_allowed, n_gpus, stage=stage)
+        if fits() and extra and any(c.fits and c.workload.pure_low_precision
+                                    for c in search.candidates):  # fmt: skip
+            widened = tuple(sorted(extra))
+    return widened
+
+
 #: The optimizer users start from when the goal names none.
 DEFAULT_OPTIMIZER = "adamw"
 
@@ -497,8 +492,11 @@ def _faster_other_optimizer(
 
 
 def _algorithm(optimizer: str) -> str:
-    """The update rule: fused AdamW is AdamW with other kernels."""
-    return "adamw" if optimizer == "adamw-fused" else optimizer
+    """The update rule: fused AdamW is AdamW with other kernels, a paged optimizer the same
+    optimizer with its state in unified memory."""
+    if optimizer in ("adamw-fused", "paged-adamw"):
+        return "adamw"
+    return "adamw-8bit" if optimizer == "paged-adamw-8bit" else optimizer
 
 
 #: Refine "checkpoint every block" only when fewer blocks would save at least this fraction
@@ -561,6 +559,7 @@ def _baseline(search: _Search, per_gpu: int, goal: Goal) -> Candidate | None:
             and not w.embedding_on_cpu
             and w.lora is None
             and not w.tie_embeddings
+            and not _lean(_shape_of(w))
         ):
             return c
     return None

@@ -1,0 +1,235 @@
+"""What the planner searches: the techniques it may use and the *shapes* they make.
+
+A shape is everything about a configuration that changes the traced step (precision,
+optimizer, checkpointing, LoRA / QLoRA, tied embeddings, the optimizer step in backward,
+offloaded activations, a chunked loss, FSDP2's CPU offload); the micro-batch and the placements
+that only move storages (optimizer state or the embedding on the CPU) are searched per shape by
+`memfit.planner.search`.
+
+The search runs in stages, so that a job that fits with the usual techniques is planned as fast
+as before and the heavier savers are traced only when they are needed:
+
+1. `shapes`: precision, optimizer, checkpointing, and the opt-in LoRA / QLoRA / tied embeddings.
+2. `lean_shapes`, when nothing fits: the lean full fine-tune practitioners run on small cards
+   (torchtune's low-memory recipes): pure bf16 (if allowed or widened), the optimizer step in
+   backward (no gradients kept, no accumulation: the micro-batch is the whole per-GPU batch), a
+   paged or 8-bit optimizer or Adafactor, checkpointing and offloaded activations, and a
+   chunked loss for causal LMs.
+3. `offload_shapes`, when nothing fits still: FSDP2's CPU offload of parameters, gradients and
+   optimizer state (also on one GPU), at the cost of PCIe traffic every micro-batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from memfit.errors import BadInputError, closest
+from memfit.models.sources import ModelSpec
+
+#: Techniques the planner can use, by the name `allow` / `forbid` take.
+TECHNIQUES = {
+    "micro-batch": "split the global batch into micro-batches with gradient accumulation",
+    "mixed-precision": "fp16/bf16 autocast with fp32 weights",
+    "pure-precision": "16-bit weights, gradients and optimizer state (bf16-true)",
+    "checkpointing": "recompute each repeated block's activations in backward",
+    "8bit-optimizer": "AdamW with 8-bit states (bitsandbytes)",
+    "adafactor": "Adafactor's factored second moments",
+    "paged-optimizer": "optimizer state in CUDA unified memory (bitsandbytes paged AdamW)",
+    "optimizer-in-backward": "step each parameter as its gradient lands (no accumulation)",
+    "activation-offload": "keep saved activations in pinned CPU memory",
+    "chunked-loss": "cross-entropy over chunks of the sequence (causal LMs)",
+    "offload": "optimizer state and update on the CPU",
+    "fsdp-offload": "FSDP2 CPU offload of parameters, gradients and optimizer state",
+    "cpu-embedding": "input embedding table on the CPU",
+    "tied-embeddings": "share the input embedding with the output projection (changes the model)",
+    "lora": "train LoRA adapters on a frozen base (changes what is trained)",
+    "qlora": "LoRA adapters on a 4-bit NF4 base (changes what is trained and the weights)",
+}
+#: Techniques that change the model, what is trained, or its numerics (no fp32 master
+#: weights): used only when allowed explicitly.
+OPT_IN = frozenset({"tied-embeddings", "lora", "qlora", "pure-precision"})
+#: Opt-in techniques searched anyway when nothing fits without them, because they keep the
+#: model and what is trained (pure bf16 is how torchtune fine-tunes full models); the plan says
+#: so, and `--forbid` refuses them. LoRA and tied embeddings change the model: suggested only.
+WIDEN_WHEN_NOTHING_FITS = frozenset({"pure-precision"})
+#: LoRA rank the planner tries when LoRA is allowed.
+PLAN_LORA_RANK = 16
+#: Chunks of a chunked cross-entropy: torchtune's CEWithChunkedOutputLoss default
+#: (num_output_chunks=8).
+PLAN_LOSS_CHUNKS = 8
+#: The quantization QLoRA uses (Dettmers et al. 2023: NF4 with double quantization).
+PLAN_QLORA_QUANTIZE = "nf4-dq"
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class Shape:
+    precision: str
+    optimizer: str
+    checkpointing: str
+    lora: bool
+    tied: bool
+    quantize: str | None = None
+    in_backward: bool = False
+    offload_activations: bool = False
+    chunked_loss: int | None = None
+    fsdp_offload: bool = False
+
+
+_PRECISION_WEIGHT = {"bf16-true": 0, "fp16-true": 0, "bf16-mixed": 1, "fp16-mixed": 1, "fp32": 2}
+_OPTIMIZER_WEIGHT = {
+    "sgd": 0, "adamw-8bit": 1, "adafactor": 1, "lion": 1, "sgd-momentum": 1,
+    "adam": 2, "adamw": 2, "adamw-fused": 2, "none": 0,
+    # Paged state lives in unified memory, outside the caching allocator: it pages out
+    # rather than fail, so on the device it weighs nothing for the fit.
+    "paged-adamw": 0, "paged-adamw-8bit": 0,
+}  # fmt: skip
+
+
+def _optimizer_heavier(a: str, b: str) -> bool:
+    # A partial order: Adam(W) keeps two full moments, more than any lighter optimizer; the
+    # lighter ones (8-bit AdamW, Adafactor, ...) are not comparable with each other.
+    return a == b or _OPTIMIZER_WEIGHT[a] > _OPTIMIZER_WEIGHT[b]
+
+
+def heavier(a: Shape, b: Shape) -> bool:
+    """True when shape `a` needs at least as much memory as `b` in every respect, at the same
+    micro-batch. Shapes with and without the step in backward are never compared: they run at
+    different micro-batches (no accumulation with the step in backward)."""
+    return (
+        _PRECISION_WEIGHT[a.precision] >= _PRECISION_WEIGHT[b.precision]
+        and _optimizer_heavier(a.optimizer, b.optimizer)
+        and (a.checkpointing == "off" or b.checkpointing == "blocks")
+        and (not a.lora or b.lora)
+        and (a.tied <= b.tied)
+        and (a.quantize is None or a.quantize == b.quantize)
+        and a.in_backward == b.in_backward
+        and (not a.offload_activations or b.offload_activations)
+        and (a.chunked_loss is None or b.chunked_loss is not None)
+        and (not a.fsdp_offload or b.fsdp_offload)
+    )
+
+
+def allowed_techniques(allow: tuple[str, ...], forbid: tuple[str, ...]) -> set[str]:
+    for name in (*allow, *forbid):
+        if name not in TECHNIQUES:
+            raise BadInputError(
+                f"Unknown technique {name!r}.{closest(name, list(TECHNIQUES))} "
+                f"Known: {', '.join(TECHNIQUES)}."
+            )
+    both = set(allow) & set(forbid)
+    if both:
+        raise BadInputError(
+            f"{', '.join(sorted(both))} is both allowed and forbidden; drop one of the flags."
+        )
+    return (set(TECHNIQUES) - OPT_IN - set(forbid)) | set(allow)
+
+
+def _sorted(shapes: list[Shape]) -> list[Shape]:
+    # Fastest first (16-bit compute, no recomputation, nothing over PCIe), lightest next: a good
+    # plan found early bounds the rest, and a light shape that fails rules out the heavier ones.
+    return sorted(shapes, key=lambda s: (
+        s.precision == "fp32", s.fsdp_offload, s.offload_activations, s.checkpointing != "off",
+        _PRECISION_WEIGHT[s.precision] + _OPTIMIZER_WEIGHT[s.optimizer] - s.lora - s.tied,
+    ))  # fmt: skip
+
+
+def shapes(goal: Any, allowed: set[str], gpu: Any, spec: ModelSpec) -> list[Shape]:
+    """Stage 1: the usual techniques and the opt-in ones allowed."""
+    low = "bf16" if gpu.bf16 else "fp16"
+    if goal.precision:
+        precisions = [goal.precision]
+    else:
+        # fp32 needs more memory than mixed precision and runs slower, so it is searched only
+        # when mixed precision is not allowed.
+        precisions = [f"{low}-mixed"] if "mixed-precision" in allowed else ["fp32"]
+        if "pure-precision" in allowed and gpu.bf16:
+            precisions.append("bf16-true")
+    if goal.optimizer:
+        optimizers = [goal.optimizer]
+    else:
+        optimizers = ["adamw"]
+        if "8bit-optimizer" in allowed:
+            optimizers.append("adamw-8bit")
+        if "adafactor" in allowed:
+            optimizers.append("adafactor")
+    ckpt = ["off", "blocks"] if "checkpointing" in allowed and spec.num_layers else ["off"]
+    adapters: list[tuple[bool, str | None]] = [(False, None)]
+    if "lora" in allowed:
+        adapters.append((True, None))
+    if "qlora" in allowed:
+        adapters.append((True, PLAN_QLORA_QUANTIZE))
+    tied = [False, True] if "tied-embeddings" in allowed else [False]
+    usual = goal.optimizer or "adamw"
+    out = [
+        Shape(p, o, c, lora, t, quantize=q)
+        for p, o, c, (lora, q), t in itertools.product(precisions, optimizers, ckpt, adapters, tied)
+        # LoRA's optimizer state is tiny: try only the goal's (or AdamW) optimizer with it.
+        if not lora or o == usual
+    ]
+    if len(adapters) > 1 and not goal.precision and gpu.bf16 and "bf16-true" not in precisions:
+        # A frozen base needs no fp32 master weights: LoRA is usually trained on a 16-bit base.
+        for c, (lora, q), t in itertools.product(ckpt, adapters[1:], tied):
+            out.append(Shape("bf16-true", usual, c, lora, t, quantize=q))
+    return _sorted(out)
+
+
+def lean_shapes(goal: Any, allowed: set[str], gpu: Any, spec: ModelSpec) -> list[Shape]:
+    """Stage 2 (nothing fitted in stage 1): a lean full fine-tune (see the module docstring)."""
+    if goal.precision:
+        precision = goal.precision
+    elif "pure-precision" in allowed and gpu.bf16:
+        precision = "bf16-true"
+    else:
+        precision = f"{'bf16' if gpu.bf16 else 'fp16'}-mixed"
+    if goal.optimizer:
+        optimizers = [goal.optimizer]
+    else:
+        optimizers = ["paged-adamw"] if "paged-optimizer" in allowed else ["adamw"]
+        if "8bit-optimizer" in allowed:
+            optimizers.append("paged-adamw-8bit" if "paged-optimizer" in allowed else "adamw-8bit")
+        if "adafactor" in allowed:
+            optimizers.append("adafactor")
+    in_backward = [False]
+    # The GradScaler unscales all gradients at once: no step in backward with fp16-mixed.
+    if "optimizer-in-backward" in allowed and precision != "fp16-mixed":
+        in_backward.append(True)
+    ckpt = ["blocks", "off"] if "checkpointing" in allowed and spec.num_layers else ["off"]
+    act = [False, True] if "activation-offload" in allowed else [False]
+    chunks = PLAN_LOSS_CHUNKS if "chunked-loss" in allowed and spec.task == "causal-lm" else None
+    out = [
+        Shape(precision, o, c, False, False, in_backward=ib, offload_activations=a,
+              chunked_loss=chunks)
+        for o, ib, c, a in itertools.product(optimizers, in_backward, ckpt, act)
+    ]  # fmt: skip
+    return _sorted(out)
+
+
+def offload_shapes(goal: Any, allowed: set[str], gpu: Any, spec: ModelSpec) -> list[Shape]:
+    """Stage 3 (nothing fitted in stage 2): FSDP2's CPU offload, with checkpointing and the
+    goal's (or AdamW) optimizer: its state lives on the CPU, so a lighter one gains nothing on
+    the device."""
+    if "fsdp-offload" not in allowed:
+        return []
+    lean = lean_shapes(goal, allowed - {"optimizer-in-backward"}, gpu, spec)
+    usual = goal.optimizer or "adamw"
+    return _sorted(
+        [
+            Shape(s.precision, usual, s.checkpointing, False, False,
+                  offload_activations=s.offload_activations, chunked_loss=s.chunked_loss,
+                  fsdp_offload=True)
+            for s in lean
+            if s.optimizer == lean[0].optimizer
+        ]
+    )  # fmt: skip
+
+
+def placements(allowed: set[str]) -> list[tuple[bool, bool]]:
+    offload = [False, True] if "offload" in allowed else [False]
+    emb = [False, True] if "cpu-embedding" in allowed else [False]
+    return list(itertools.product(offload, emb))
