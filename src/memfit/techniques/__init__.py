@@ -19,6 +19,7 @@ from memfit.techniques.freeze import FreezeConfig
 from memfit.techniques.fsdp import FSDPConfig
 from memfit.techniques.optimizer import OptimizerConfig
 from memfit.techniques.precision import PrecisionConfig
+from memfit.techniques.quantize import QuantizeConfig
 from memfit.techniques.tie_embeddings import TieEmbeddingsConfig
 from memfit.workload import LoraConfig
 
@@ -31,6 +32,7 @@ __all__ = [
     "LoraConfig",
     "OptimizerConfig",
     "PrecisionConfig",
+    "QuantizeConfig",
     "TechniqueConfig",
     "TieEmbeddingsConfig",
     "configs_from_workload",

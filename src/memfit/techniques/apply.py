@@ -34,6 +34,7 @@ from memfit.techniques.freeze import FreezeConfig
 from memfit.techniques.fsdp import FSDPConfig
 from memfit.techniques.optimizer import DEFAULT_LR, OptimizerConfig
 from memfit.techniques.precision import PrecisionConfig
+from memfit.techniques.quantize import QuantizeConfig
 from memfit.techniques.registry import Build, apply_one
 from memfit.techniques.tie_embeddings import TieEmbeddingsConfig
 from memfit.techniques.train_setup import TrainSetup
@@ -44,6 +45,7 @@ _ORDER = (
     FreezeConfig,
     LoraConfig,
     PrecisionConfig,
+    QuantizeConfig,  # on the device, after the cast (the quantization dtype), as traced
     EmbeddingOnCpuConfig,
     CheckpointConfig,
     FSDPConfig,
