@@ -12,27 +12,29 @@ May import: `memfit.models`, `memfit.cuda` and the top level.
 """
 
 from memfit.techniques.accumulation import AccumulationConfig
+from memfit.techniques.activation_offload import ActivationOffloadConfig
 from memfit.techniques.checkpointing import CheckpointConfig
+from memfit.techniques.chunked_loss import ChunkedLossConfig
 from memfit.techniques.composition import TechniqueConfig, configs_from_workload, labels
 from memfit.techniques.embedding_on_cpu import EmbeddingOnCpuConfig
 from memfit.techniques.freeze import FreezeConfig
 from memfit.techniques.fsdp import FSDPConfig
 from memfit.techniques.optimizer import OptimizerConfig
 from memfit.techniques.precision import PrecisionConfig
-from memfit.techniques.quantize import QuantizeConfig
 from memfit.techniques.tie_embeddings import TieEmbeddingsConfig
 from memfit.workload import LoraConfig
 
 __all__ = [
     "AccumulationConfig",
+    "ActivationOffloadConfig",
     "CheckpointConfig",
+    "ChunkedLossConfig",
     "EmbeddingOnCpuConfig",
     "FSDPConfig",
     "FreezeConfig",
     "LoraConfig",
     "OptimizerConfig",
     "PrecisionConfig",
-    "QuantizeConfig",
     "TechniqueConfig",
     "TieEmbeddingsConfig",
     "configs_from_workload",

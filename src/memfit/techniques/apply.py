@@ -27,14 +27,15 @@ import torch
 
 from memfit.errors import BadInputError
 from memfit.techniques.accumulation import AccumulationConfig
+from memfit.techniques.activation_offload import ActivationOffloadConfig
 from memfit.techniques.checkpointing import CheckpointConfig
+from memfit.techniques.chunked_loss import ChunkedLossConfig
 from memfit.techniques.composition import TechniqueConfig, configs_from_workload
 from memfit.techniques.embedding_on_cpu import EmbeddingOnCpuConfig, move_model
 from memfit.techniques.freeze import FreezeConfig
 from memfit.techniques.fsdp import FSDPConfig
 from memfit.techniques.optimizer import DEFAULT_LR, OptimizerConfig
 from memfit.techniques.precision import PrecisionConfig
-from memfit.techniques.quantize import QuantizeConfig
 from memfit.techniques.registry import Build, apply_one
 from memfit.techniques.tie_embeddings import TieEmbeddingsConfig
 from memfit.techniques.train_setup import TrainSetup
@@ -44,11 +45,12 @@ _ORDER = (
     TieEmbeddingsConfig,  # before freezing: freezing a tied name freezes the shared matrix
     FreezeConfig,
     LoraConfig,
+    ChunkedLossConfig,  # before precision: autocast wraps the chunked forward
     PrecisionConfig,
-    QuantizeConfig,  # on the device, after the cast (the quantization dtype), as traced
     EmbeddingOnCpuConfig,
     CheckpointConfig,
     FSDPConfig,
+    ActivationOffloadConfig,  # outermost forward wrapper: all of forward is offloaded
     AccumulationConfig,
     OptimizerConfig,
 )

@@ -10,14 +10,15 @@ import torch
 from memfit.errors import BadInputError
 from memfit.models.sources import ModelSpec
 from memfit.techniques.accumulation import AccumulationConfig
+from memfit.techniques.activation_offload import ActivationOffloadConfig
 from memfit.techniques.checkpointing import CheckpointConfig
+from memfit.techniques.chunked_loss import ChunkedLossConfig
 from memfit.techniques.embedding_on_cpu import EmbeddingOnCpuConfig
 from memfit.techniques.freeze import FreezeConfig, freeze
 from memfit.techniques.fsdp import FSDPConfig
 from memfit.techniques.lora import add_lora_for_trace
 from memfit.techniques.optimizer import DEFAULT_LR, OptimizerConfig
 from memfit.techniques.precision import PrecisionConfig
-from memfit.techniques.quantize import QuantizeConfig
 from memfit.techniques.tie_embeddings import TieEmbeddingsConfig, tie_embeddings
 from memfit.workload import LoraConfig, Workload
 
@@ -31,7 +32,8 @@ TechniqueConfig = (
     | TieEmbeddingsConfig
     | FSDPConfig
     | LoraConfig
-    | QuantizeConfig
+    | ActivationOffloadConfig
+    | ChunkedLossConfig
 )
 
 
@@ -45,8 +47,6 @@ def configs_from_workload(w: Workload, *, lr: float = DEFAULT_LR) -> list[Techni
         out.append(AccumulationConfig(steps=w.grad_accum))
     if w.checkpointing != "off":
         out.append(CheckpointConfig(first=w.checkpoint_first))
-    if w.quantize is not None:
-        out.append(QuantizeConfig(method=w.quantize, prepare_kbit=w.prepare_kbit))
     if w.lora is not None:
         out.append(w.lora)
     if w.freeze:
@@ -59,6 +59,10 @@ def configs_from_workload(w: Workload, *, lr: float = DEFAULT_LR) -> list[Techni
         out.append(TieEmbeddingsConfig())
     if w.gpus > 1:
         out.append(FSDPConfig(world_size=w.gpus, param_dtype=w.fsdp_param_dtype))
+    if w.offload_activations:
+        out.append(ActivationOffloadConfig())
+    if w.chunked_loss is not None:
+        out.append(ChunkedLossConfig(chunks=w.chunked_loss))
     if w.precision != "fp32":
         out.append(PrecisionConfig(precision=w.precision))
     return out
