@@ -175,7 +175,7 @@ def render_findings(f: Findings, *, width: int = 110) -> str:
     out = io.StringIO()
     console = Console(file=out, width=width, color_system=None, highlight=False)
     for line in [*_head(r), *_lengths(r)]:
-        console.print(line, markup=False, overflow="ignore", crop=False)
+        console.print(line, markup=False, soft_wrap=True)
     console.print(_histogram(r.tokens))
     blocks = [
         _longest(r, "longest samples", r.longest, "tokens"),
@@ -187,7 +187,7 @@ def render_findings(f: Findings, *, width: int = 110) -> str:
     ]  # fmt: skip
     for block in blocks:
         for line in block:
-            console.print(line, markup=False, overflow="ignore", crop=False)
+            console.print(line, markup=False, soft_wrap=True)
     return out.getvalue().rstrip() + "\n"
 
 
