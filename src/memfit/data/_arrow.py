@@ -18,7 +18,9 @@ def load_saved(p: Path, split: str | None) -> Any:
     try:
         import datasets
     except ImportError as e:
-        raise ImportError("Reading a saved Dataset needs datasets: `pip install datasets`.") from e
+        raise ImportError(
+            "Reading a saved Dataset needs datasets: `pip install memfit[data]`."
+        ) from e
     if not ((p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()):
         raise BadInputError(
             f"The folder {str(p)!r} is not a Dataset saved with save_to_disk (it has no "

@@ -216,7 +216,9 @@ def _open_parquet(p: Path, fmt: str, field: str) -> TextSource:
     try:
         import pyarrow.parquet as pq
     except ImportError as e:
-        raise ImportError("Reading Parquet needs pyarrow: `pip install pyarrow`.") from e
+        raise ImportError(
+            "Reading Parquet needs pyarrow: `pip install memfit[data]` (or pyarrow)."
+        ) from e
     pf = pq.ParquetFile(p)
     names = pf.schema_arrow.names
     if field not in names:
