@@ -286,6 +286,7 @@ def estimate_from_trace(
     if w.embedding_on_cpu and tr.embedding_tied_to is not None:
         raise BadInputError(tied_embedding_message(tr.embedding_tied_to))
     est.notes.extend(spec.notes)  # e.g. the loss a model of unknown head is traced with
+    est.notes.extend(tr.notes)  # e.g. which layers stayed unquantized
     attach_device_memory(est, tr.records, tr.events, alloc_conf=alloc_conf, n_gpus=w.gpus)
     if w.offload_activations:
         est.notes.append(offload_note(tr.records, scale))

@@ -42,6 +42,7 @@ from memfit.techniques.chunked_loss import chunk_loss_for_trace
 from memfit.techniques.composition import prepare_model
 from memfit.techniques.fsdp import shard_model
 from memfit.techniques.optimizer import host_state_keys, optimizer_for_trace
+from memfit.techniques.quantize_trace import logical_numel, prepare_quantized
 from memfit.techniques.train_setup import call_model
 from memfit.workload import Workload
 
@@ -65,6 +66,8 @@ class Trace:
     block_parameter_count: int = 0
     block_trainable_parameter_count: int = 0
     module_types: dict[str, str] = field(default_factory=dict)
+    #: Notes of the trace-time preparation for the estimate (e.g. what stayed unquantized).
+    notes: list[str] = field(default_factory=list)
 
 
 def materialize_fake(
@@ -232,6 +235,7 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     low = DTYPES[w.compute_dtype_name]
     model, blocks = _traced_model(spec, w, num_layers, fake_mode, low, mesh)
+    notes = model.__dict__.pop(_NOTES, [])
     params = list(dict.fromkeys(model.parameters()))
     trainable = [p for p in params if p.requires_grad]
     tracker = Tracker(model, blocks)
@@ -275,7 +279,7 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
     return Trace(
         records=tracker.records,
         events=tracker.events,
-        parameter_count=sum(p.numel() for p in params),
+        parameter_count=sum(logical_numel(p) for p in params),
         trainable_parameter_count=sum(p.numel() for p in trainable),
         block_paths=blocks,
         attention_backends=tracker.attention_backends,
@@ -285,6 +289,7 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
         block_parameter_count=_block_params(model, blocks, trainable_only=False),
         block_trainable_parameter_count=_block_params(model, blocks, trainable_only=True),
         module_types={n: type(m).__name__ for n, m in model.named_modules()},
+        notes=notes,
     )
 
 
@@ -307,6 +312,8 @@ def _traced_model(
     model = materialize_fake(
         model, fake_mode, low if w.pure_low_precision else torch.float32, not spec.owns_model
     )
+    # Quantized linears (after LoRA and the cast, as a QLoRA user's model is); notes kept.
+    model.__dict__[_NOTES] = prepare_quantized(model, w, fake_mode)
     blocks = find_repeated_blocks(model)
     if w.checkpointing == "blocks":
         if not blocks:
@@ -380,7 +387,13 @@ def _block_params(model: torch.nn.Module, blocks: list[str], *, trainable_only: 
     if len(blocks) < 2:
         return 0
     block = model.get_submodule(blocks[1])
-    return sum(p.numel() for p in block.parameters() if p.requires_grad or not trainable_only)
+    return sum(
+        logical_numel(p) for p in block.parameters() if p.requires_grad or not trainable_only
+    )
+
+
+#: Where _traced_model leaves the notes of the model's preparation for the Trace.
+_NOTES = "_memfit_trace_notes"
 
 
 @contextlib.contextmanager

@@ -21,6 +21,7 @@ from memfit.techniques.freeze import FreezeConfig
 from memfit.techniques.fsdp import FSDPConfig
 from memfit.techniques.optimizer import OptimizerConfig
 from memfit.techniques.precision import PrecisionConfig
+from memfit.techniques.quantize import QuantizeConfig
 from memfit.techniques.tie_embeddings import TieEmbeddingsConfig
 from memfit.workload import LoraConfig
 
@@ -35,6 +36,7 @@ __all__ = [
     "LoraConfig",
     "OptimizerConfig",
     "PrecisionConfig",
+    "QuantizeConfig",
     "TechniqueConfig",
     "TieEmbeddingsConfig",
     "configs_from_workload",

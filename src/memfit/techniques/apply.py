@@ -36,6 +36,7 @@ from memfit.techniques.freeze import FreezeConfig
 from memfit.techniques.fsdp import FSDPConfig
 from memfit.techniques.optimizer import DEFAULT_LR, OptimizerConfig
 from memfit.techniques.precision import PrecisionConfig
+from memfit.techniques.quantize import QuantizeConfig
 from memfit.techniques.registry import Build, apply_one
 from memfit.techniques.tie_embeddings import TieEmbeddingsConfig
 from memfit.techniques.train_setup import TrainSetup
@@ -47,6 +48,7 @@ _ORDER = (
     LoraConfig,
     ChunkedLossConfig,  # before precision: autocast wraps the chunked forward
     PrecisionConfig,
+    QuantizeConfig,  # on the device, after the cast (the quantization dtype), as traced
     EmbeddingOnCpuConfig,
     CheckpointConfig,
     FSDPConfig,

@@ -19,6 +19,7 @@ from memfit.techniques.fsdp import FSDPConfig
 from memfit.techniques.lora import add_lora_for_trace
 from memfit.techniques.optimizer import DEFAULT_LR, OptimizerConfig
 from memfit.techniques.precision import PrecisionConfig
+from memfit.techniques.quantize import QuantizeConfig
 from memfit.techniques.tie_embeddings import TieEmbeddingsConfig, tie_embeddings
 from memfit.workload import LoraConfig, Workload
 
@@ -32,6 +33,7 @@ TechniqueConfig = (
     | TieEmbeddingsConfig
     | FSDPConfig
     | LoraConfig
+    | QuantizeConfig
     | ActivationOffloadConfig
     | ChunkedLossConfig
 )
@@ -47,6 +49,8 @@ def configs_from_workload(w: Workload, *, lr: float = DEFAULT_LR) -> list[Techni
         out.append(AccumulationConfig(steps=w.grad_accum))
     if w.checkpointing != "off":
         out.append(CheckpointConfig(first=w.checkpoint_first))
+    if w.quantize is not None:
+        out.append(QuantizeConfig(method=w.quantize, prepare_kbit=w.prepare_kbit))
     if w.lora is not None:
         out.append(w.lora)
     if w.freeze:
