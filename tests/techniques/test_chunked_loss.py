@@ -126,3 +126,17 @@ def test_apply_from_a_workload_wraps_the_forward():
     ids = torch.randint(0, VOCAB, (2, SEQ))
     out = model(input_ids=ids, labels=ids)
     assert out.logits is None and out.loss.dim() == 0
+
+
+def test_a_peft_model_gets_the_chunked_loss_inside():
+    peft = pytest.importorskip("peft")
+    plain = tiny_gpt2(2, vocab=500)
+    lora = peft.get_peft_model(
+        copy.deepcopy(plain), peft.LoraConfig(r=4, target_modules=["c_attn"])
+    )
+    chunk_loss_forward(lora, ChunkedLossConfig(chunks=3))
+    ids = torch.randint(0, 500, (2, 8))
+    out = lora(input_ids=ids, labels=ids)
+    assert out.logits is None  # the chunked forward ran
+    want = plain(input_ids=ids, labels=ids).loss  # LoRA's B is zero: the same function
+    assert abs(out.loss.item() - want.item()) <= RTOL * want.item()

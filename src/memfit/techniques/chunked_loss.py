@@ -152,7 +152,11 @@ def _chunk_loss(head: torch.nn.Module, path: str, h: torch.Tensor, y: torch.Tens
 
 def chunk_loss_forward(model: torch.nn.Module, config: ChunkedLossConfig) -> None:
     """Make `model(..., labels=...)` compute its loss chunked (in place; once). Called without
-    labels, or without gradients, the model runs as before."""
+    labels, or without gradients, the model runs as before. A peft model's inner model is
+    wrapped (peft's forward calls it with the labels)."""
+    get_base = getattr(model, "get_base_model", None)
+    if callable(get_base):
+        model = get_base()
     base, head = check_causal_lm(model)
     current = model.__dict__.get("forward")
     marked = getattr(current, "_memfit_chunked_loss", None)
