@@ -48,7 +48,11 @@ OPTIMIZERS = (
 #: torchao weight-only int8 and int4, and float8.
 QUANTIZE = ("nf4", "nf4-dq", "fp4", "int8", "int8-wo", "int4-wo", "fp8")
 
-MODES = ("train", "inference")
+MODES = ("train", "inference", "generate")
+#: KV caches of `mode="generate"`, as transformers names its cache classes: DynamicCache (grows
+#: by concatenation), StaticCache (allocated at the maximum length), QuantizedCache (quantized
+#: with a full-precision residual), OffloadedCache (layers kept on the CPU).
+CACHES = ("dynamic", "static", "quantized", "offloaded")
 CHECKPOINTING = ("off", "blocks")
 ATTENTION = ("sdpa", "eager")
 
@@ -147,6 +151,12 @@ class Workload:
             the CPU, the optimizer step on the CPU (also with gpus=1).
         host_memory: the host RAM budget for what lives on the CPU ("64GiB"); None: this
             machine's RAM.
+        prompt_len: with mode="generate", tokens of the prompt (prefill); None: 512.
+        new_tokens: with mode="generate", tokens generated after the prompt (decode steps).
+        num_beams: with mode="generate", beams of beam search (1: greedy).
+        cache: with mode="generate", the KV cache, one of CACHES.
+        tp: tensor-parallel GPUs for generation (weights and KV heads split over them; the
+            estimate is of one rank).
     """
 
     batch_size: int = 1
@@ -176,6 +186,11 @@ class Workload:
     chunked_loss: int | None = None
     fsdp_cpu_offload: bool = False
     host_memory: str | None = None
+    prompt_len: int | None = None
+    new_tokens: int = 128
+    num_beams: int = 1
+    cache: str = "dynamic"
+    tp: int = 1
     #: Whether the optimizer was given, not resolved from the mode (see `with_`).
     _optimizer_given: bool = field(default=False, init=False, repr=False, compare=False)
 
@@ -205,6 +220,12 @@ class Workload:
         check_choice("attention", self.attention, ATTENTION)
         if self.quantize is not None:
             check_choice("quantize", self.quantize, QUANTIZE)
+        if self.prompt_len is not None:
+            _positive("prompt_len", self.prompt_len)
+        _positive("new_tokens", self.new_tokens)
+        _positive("num_beams", self.num_beams)
+        _positive("tp", self.tp)
+        check_choice("cache", self.cache, CACHES)
         if self.chunked_loss is not None and (
             not _is_int(self.chunked_loss) or self.chunked_loss < 2
         ):
@@ -278,13 +299,40 @@ class Workload:
         if given:
             it = "it" if len(given) == 1 else "them"
             raise BadInputError(
-                f"{', '.join(given)}: only a training step uses {it}, and mode is 'inference' "
-                "(a forward under no_grad: no gradients, no optimizer step, nothing to "
+                f"{', '.join(given)}: only a training step uses {it}, and mode is {self.mode!r} "
+                "(forwards under no_grad: no gradients, no optimizer step, nothing to "
                 f"recompute). Drop {it}, or use mode='train'."
+            )
+
+    def _check_generation(self) -> None:
+        """The generation options apply to mode="generate" only, and seq_len does not."""
+        defaults = {"prompt_len": None, "new_tokens": 128, "num_beams": 1, "cache": "dynamic",
+                    "tp": 1}  # fmt: skip
+        if self.mode != "generate":
+            given = [
+                f"{k}={getattr(self, k)!r}" for k, d in defaults.items() if getattr(self, k) != d
+            ]
+            if given:
+                it = "it" if len(given) == 1 else "them"
+                raise BadInputError(
+                    f"{', '.join(given)}: only mode='generate' uses {it}, and mode is "
+                    f"{self.mode!r}. Use mode='generate', or drop {it}."
+                )
+            return
+        if self.seq_len is not None:
+            raise BadInputError(
+                f"seq_len={self.seq_len} with mode='generate': a generation has a prompt and new "
+                f"tokens. Use prompt_len={self.seq_len} (and new_tokens=...) instead."
+            )
+        if self.gpus > 1:
+            raise BadInputError(
+                f"gpus={self.gpus} with mode='generate': generation over several GPUs splits "
+                f"the model with tensor parallelism. Use tp={self.gpus} instead."
             )
 
     def _check_combinations(self) -> None:
         """Options that are fine alone and conflict together."""
+        self._check_generation()
         if self.checkpoint_first is not None and self.checkpointing != "blocks":
             raise BadInputError("checkpoint_first needs checkpointing='blocks'.")
         if self.training and self.offload_optimizer and self.optimizer == "none":

@@ -29,6 +29,7 @@ import typer
 from memfit.errors import BadInputError
 from memfit.workload import (
     ATTENTION,
+    CACHES,
     CHECKPOINTING,
     MODES,
     OPTIMIZERS,
@@ -135,6 +136,14 @@ HostMemory = Annotated[
     typer.Option("--host-memory", help="Host RAM for what lives on the CPU (default: this one's)."),
 ]
 
+PromptLen = Annotated[
+    int | None, typer.Option("--prompt-len", help="Generation: prompt tokens (default 512).")
+]
+NewTokens = Annotated[int, typer.Option("--new-tokens", help="Generation: tokens generated.")]
+NumBeams = Annotated[int, typer.Option("--num-beams", help="Generation: beams (1: greedy).")]
+Cache = Annotated[str, typer.Option(help=f"Generation: KV cache, {_either(CACHES)}.")]
+Tp = Annotated[int, typer.Option(help="Generation: tensor-parallel GPUs (one rank reported).")]
+
 
 #: Every option `build_workload` takes: (parameter name, annotated type, default), in the order
 #: `--help` lists them.
@@ -162,6 +171,11 @@ WORKLOAD_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("chunked_loss", ChunkedLoss, DEFAULT.chunked_loss),
     ("fsdp_cpu_offload", FsdpCpuOffload, DEFAULT.fsdp_cpu_offload),
     ("host_memory", HostMemory, DEFAULT.host_memory),
+    ("prompt_len", PromptLen, DEFAULT.prompt_len),
+    ("new_tokens", NewTokens, DEFAULT.new_tokens),
+    ("num_beams", NumBeams, DEFAULT.num_beams),
+    ("cache", Cache, DEFAULT.cache),
+    ("tp", Tp, DEFAULT.tp),
 )
 
 
