@@ -17,6 +17,7 @@ from memfit.cli.data import data_command
 from memfit.cli.doctor import doctor_command
 from memfit.cli.estimate import estimate_command
 from memfit.cli.find_batch import find_batch_command
+from memfit.cli.lint import lint_command
 from memfit.cli.measure import compare_command, profile_command
 from memfit.cli.plan import max_batch_command, max_seq_command, plan_command
 
@@ -37,6 +38,7 @@ app.command("profile")(profile_command)
 app.command("compare")(compare_command)
 app.command("doctor")(doctor_command)
 app.command("find-batch")(find_batch_command)
+app.command("lint")(lint_command)
 app.command("data")(data_command)
 
 
