@@ -210,6 +210,7 @@ def findings_to_json(f: Findings) -> dict[str, Any]:
     out: dict[str, Any] = {
         "path": str(r.path), "format": r.format, "field": r.field, "unit": r.unit,
         "tokenizer": r.tokenizer, "approximate": r.approximate, "samples": r.samples,
+        "seconds": round(r.seconds, 3),
         "skipped_blank": r.skipped_blank, "tokens": _counts_json(r.tokens),
         "histogram": [{"low": lo, "high": hi, "samples": n} for lo, hi, n in r.tokens.histogram()],
         "outliers": {"fence": fence, "samples": beyond},
