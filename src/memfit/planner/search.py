@@ -415,7 +415,7 @@ def plan(
     suggestions: list[str] = []
     if best is None:
         closest_miss = min(search.candidates, key=lambda c: c.device_total_bytes, default=None)
-        decided = allowed | set(forbid)
+        decided = allowed | set(forbid) | WIDEN_WHEN_NOTHING_FITS  # widened: searched
         suggestions = what_would_fit(spec, goal.seq_len, gpu_obj, closest_miss, decided, n_gpus)
     return Plan(
         model=spec.name,
