@@ -65,7 +65,11 @@ class Event(NamedTuple):
 @dataclass(slots=True)
 class StorageRecord:
     """One storage, as it was allocated. `category` may be revised later, once the storage's
-    role is known (a backward allocation becomes a gradient when stored in `.grad`)."""
+    role is known (a backward allocation becomes a gradient when stored in `.grad`).
+
+    `host`: the storage is not in the device allocator's memory. `paged`: it is CUDA unified
+    memory (bitsandbytes' paged optimizer state), also outside the allocator (so `host` too):
+    on the GPU while it fits, paged to host RAM under pressure."""
 
     sid: int
     nbytes: int
@@ -77,3 +81,4 @@ class StorageRecord:
     owner: int
     region: int
     host: bool = False
+    paged: bool = False

@@ -120,6 +120,9 @@ def _runs(events: list[Event], own: list[int]) -> list[tuple[int, int, int]]:
             or (
                 events[i][0] == FREE
                 and events[i - 1][0] == ALLOC
+                # In backward a block's events stay one run: with the optimizer step in
+                # backward, each parameter's foreach step lies inside its block's backward.
+                and events[i][2] != "backward"
                 and (
                     events[i - 1][4].startswith("_foreach")
                     # A list built in the optimizer (e.g. Adafactor's per-parameter norms)

@@ -41,7 +41,9 @@ from memfit.techniques.checkpointing import checkpoint_blocks
 from memfit.techniques.chunked_loss import chunk_loss_for_trace
 from memfit.techniques.composition import prepare_model
 from memfit.techniques.fsdp import shard_model
-from memfit.techniques.optimizer import host_state_keys, optimizer_for_trace
+from memfit.techniques.optimizer import host_state_keys, mark_state, optimizer_for_trace
+from memfit.techniques.optimizer_in_backward import OptimizerInBackward, trace_hooks
+from memfit.techniques.optimizer_in_backward import for_trace as in_backward_for_trace
 from memfit.techniques.quantize_trace import logical_numel, prepare_quantized
 from memfit.techniques.train_setup import call_model
 from memfit.workload import Workload
@@ -240,7 +242,8 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
     trainable = [p for p in params if p.requires_grad]
     tracker = Tracker(model, blocks)
     emulation = _emulate_cuda(tracker, w, low, capability)
-    optimizer = optimizer_for_trace(w.optimizer, trainable) if w.training else None
+    make_optimizer = in_backward_for_trace if w.optimizer_in_backward else optimizer_for_trace
+    optimizer = make_optimizer(w.optimizer, trainable) if w.training else None
     host_keys = host_state_keys(optimizer) if optimizer is not None else frozenset()
     tracker.optimizer_host_scalars = "step" in host_keys
     module_of = parameter_modules(model)
@@ -250,10 +253,13 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
             id(p): (owner_of_module(module_of.get(id(p), "")), module_of.get(id(p), ""))
             for p in params
         }
-        optimizer.state = OwnerTrackingState(tracker, owners)  # type: ignore[assignment]
+        if not isinstance(optimizer, OptimizerInBackward):  # its hooks say the owner
+            optimizer.state = OwnerTrackingState(tracker, owners)  # type: ignore[assignment]
     grad_owners = {id(p): owner_of_module(module_of.get(id(p), "")) for p in params}
     with fake_mode, tracker, emulated_offload(tracker):
         _register_model(tracker, model, params, trainable if w.training else [], module_of)
+        if isinstance(optimizer, OptimizerInBackward):  # after the gradient hooks
+            trace_hooks(tracker, optimizer, owners, host_keys)
         scale = None
         if w.training and w.precision == "fp16-mixed":
             # GradScaler keeps its scale on the device (torch/amp/grad_scaler.py _lazy_init_*).
@@ -265,10 +271,7 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
                     _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step,
                               grad_owners)  # fmt: skip
                 if optimizer is not None:
-                    for state in optimizer.state.values():
-                        for key, v in state.items():
-                            if isinstance(v, torch.Tensor):
-                                tracker.mark(v, Category.OPTIMIZER_STATE, host=key in host_keys)
+                    mark_state(tracker, optimizer, host_keys)
         except (BadInputError, TraceError):
             raise
         except Exception as e:  # an op the fake tracer cannot run

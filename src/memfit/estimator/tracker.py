@@ -114,6 +114,9 @@ class Tracker(TorchDispatchMode):
         #: capturable): scalar constants it creates (`torch.tensor(1.0)` step increments, the
         #: counters themselves) then live in host memory on CUDA too.
         self.optimizer_host_scalars = False
+        #: True while an optimizer steps inside backward (optimizer step in backward): its
+        #: host scalars are host memory as in the optimizer phase.
+        self.stepping_in_backward = False
         self._free_owner: dict[int, int] = {}
         #: FLOPs by (step, phase, owner), counted with PyTorch's own formulas
         #: (torch.utils.flop_counter). Recomputation in backward is phase "recompute".
@@ -177,19 +180,27 @@ class Tracker(TorchDispatchMode):
         self._track(tensor, category=category, module=module, owner=owner, op="<" + category + ">")
 
     def mark(
-        self, tensor: torch.Tensor, category: str, *, host: bool = False, owner: int | None = None
+        self,
+        tensor: torch.Tensor,
+        category: str,
+        *,
+        host: bool = False,
+        owner: int | None = None,
+        paged: bool = False,
     ) -> None:
         """Revise the category of the storage behind `tensor` (e.g. a new gradient).
 
         `owner`, when given, is the block its free belongs to outside forward and backward:
         a gradient is released with its parameter, whichever block's backward allocated it.
+        `paged`: CUDA unified memory (StorageRecord.paged).
         """
         sid = self._live.get(id(memory_tensor(tensor).untyped_storage()))
         if sid is None:
             return
         rec = self.records[sid]
         rec.category = category
-        rec.host = host
+        rec.host = host or paged
+        rec.paged = paged
         if owner is not None:
             self._free_owner[sid] = owner
 
@@ -286,7 +297,7 @@ class Tracker(TorchDispatchMode):
             return
         host = (
             self.optimizer_host_scalars
-            and self.phase == "optimizer"
+            and (self.phase == "optimizer" or self.stepping_in_backward)
             and op in SCALAR_CONSTANT_OPS
             and t.dim() == 0
         )

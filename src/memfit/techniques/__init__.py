@@ -20,6 +20,7 @@ from memfit.techniques.embedding_on_cpu import EmbeddingOnCpuConfig
 from memfit.techniques.freeze import FreezeConfig
 from memfit.techniques.fsdp import FSDPConfig
 from memfit.techniques.optimizer import OptimizerConfig
+from memfit.techniques.optimizer_in_backward import OptimizerInBackwardConfig
 from memfit.techniques.precision import PrecisionConfig
 from memfit.techniques.quantize import QuantizeConfig
 from memfit.techniques.tie_embeddings import TieEmbeddingsConfig
@@ -35,6 +36,7 @@ __all__ = [
     "FreezeConfig",
     "LoraConfig",
     "OptimizerConfig",
+    "OptimizerInBackwardConfig",
     "PrecisionConfig",
     "QuantizeConfig",
     "TechniqueConfig",

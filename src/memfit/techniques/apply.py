@@ -35,6 +35,7 @@ from memfit.techniques.embedding_on_cpu import EmbeddingOnCpuConfig, move_model
 from memfit.techniques.freeze import FreezeConfig
 from memfit.techniques.fsdp import FSDPConfig
 from memfit.techniques.optimizer import DEFAULT_LR, OptimizerConfig
+from memfit.techniques.optimizer_in_backward import OptimizerInBackwardConfig
 from memfit.techniques.precision import PrecisionConfig
 from memfit.techniques.quantize import QuantizeConfig
 from memfit.techniques.registry import Build, apply_one
@@ -55,6 +56,7 @@ _ORDER = (
     ActivationOffloadConfig,  # outermost forward wrapper: all of forward is offloaded
     AccumulationConfig,
     OptimizerConfig,
+    OptimizerInBackwardConfig,  # after OptimizerConfig: it steps that optimizer in backward
 )
 
 

@@ -18,6 +18,7 @@ from memfit.techniques.freeze import FreezeConfig, freeze
 from memfit.techniques.fsdp import FSDPConfig
 from memfit.techniques.lora import add_lora_for_trace
 from memfit.techniques.optimizer import DEFAULT_LR, OptimizerConfig
+from memfit.techniques.optimizer_in_backward import OptimizerInBackwardConfig
 from memfit.techniques.precision import PrecisionConfig
 from memfit.techniques.quantize import QuantizeConfig
 from memfit.techniques.tie_embeddings import TieEmbeddingsConfig, tie_embeddings
@@ -28,6 +29,7 @@ TechniqueConfig = (
     | PrecisionConfig
     | AccumulationConfig
     | OptimizerConfig
+    | OptimizerInBackwardConfig
     | FreezeConfig
     | EmbeddingOnCpuConfig
     | TieEmbeddingsConfig
@@ -57,6 +59,8 @@ def configs_from_workload(w: Workload, *, lr: float = DEFAULT_LR) -> list[Techni
         out.append(FreezeConfig(prefixes=w.freeze))
     if w.training and w.optimizer != "none":
         out.append(OptimizerConfig(name=w.optimizer, lr=lr, offload=w.offload_optimizer))
+        if w.optimizer_in_backward:  # steps the OptimizerConfig above, inside backward
+            out.append(OptimizerInBackwardConfig())
     if w.embedding_on_cpu:
         out.append(EmbeddingOnCpuConfig())
     if w.tie_embeddings:
@@ -64,7 +68,7 @@ def configs_from_workload(w: Workload, *, lr: float = DEFAULT_LR) -> list[Techni
     if w.gpus > 1:
         out.append(FSDPConfig(world_size=w.gpus, param_dtype=w.fsdp_param_dtype))
     if w.offload_activations:
-        out.append(ActivationOffloadConfig())
+        out.append(ActivationOffloadConfig(variant=str(w.offload_activations)))
     if w.chunked_loss is not None:
         out.append(ChunkedLossConfig(chunks=w.chunked_loss))
     if w.precision != "fp32":

@@ -11,10 +11,13 @@ the step counters on the device (Adam `_init_group`: `torch.zeros((), device=p.d
 fused or capturable, else a CPU tensor). `host_state_keys` says which state entries CUDA keeps on
 the host, so that the tracer does not count them as GPU memory.
 
-`AdamW8bitLayout` reproduces the memory layout of bitsandbytes' AdamW8bit (blockwise 8-bit
-states): it allocates the same tensors (uint8 moments, fp32 absmax per 256-element block, the
-shared 256-entry quantisation map, 32-bit states for small tensors) and updates in place like
-bnb's fused kernel. It is a layout model for estimation, not a numerically faithful optimizer;
+`BnbAdamWLayout` reproduces the memory layout of bitsandbytes' AdamW family: AdamW8bit
+(blockwise 8-bit states: uint8 moments, fp32 absmax per 256-element block, the shared
+256-entry quantisation map, 32-bit states for small tensors), PagedAdamW (two fp32 moments) and
+PagedAdamW8bit, whose large moments live in paged memory (CUDA unified memory that
+bitsandbytes allocates with cudaMallocManaged, outside PyTorch's caching allocator: on the GPU
+while it fits, evicted to host RAM under pressure). It updates in place like bnb's fused
+kernels. It is a layout model for estimation, not a numerically faithful optimizer;
 `memfit.apply_` uses bitsandbytes itself.
 
 `Lion` follows the reference implementation's update (lucidrains/lion-pytorch): one momentum
@@ -23,6 +26,7 @@ buffer per parameter, and per-parameter temporaries for the sign update.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +34,7 @@ from typing import Any
 import torch
 
 from memfit.errors import BadInputError
+from memfit.events import Category
 from memfit.techniques.offload import CpuOffloadOptimizer
 from memfit.techniques.registry import Build, handler
 from memfit.workload import OPTIMIZERS, check_choice
@@ -41,6 +46,9 @@ BNB_MIN_8BIT_SIZE = 4096
 BNB_BLOCK_SIZE = 256
 #: bitsandbytes dynamic quantisation map: 256 float32 entries (create_dynamic_map).
 BNB_QMAP_ENTRIES = 256
+#: bitsandbytes Optimizer8bit.get_state_buffer: a paged optimizer pages the states of tensors
+#: of at least 1e5 elements ("> 1 MB"); smaller ones get ordinary device tensors.
+BNB_PAGED_MIN_ELEMENTS = 100_000
 
 #: The learning rate of an optimizer built without one (OptimizerConfig's default; memory does
 #: not depend on it).
@@ -51,7 +59,8 @@ DEFAULT_LR = 1e-3
 class OptimizerConfig:
     """The optimizer, by memfit name (workload.OPTIMIZERS), with its learning rate.
 
-    "adamw-8bit" is bitsandbytes' AdamW8bit (`pip install memfit[bnb]`). With `offload`, the
+    "adamw-8bit", "paged-adamw" and "paged-adamw-8bit" are bitsandbytes' AdamW8bit,
+    PagedAdamW and PagedAdamW8bit (`pip install memfit[bnb]`). With `offload`, the
     state and the update live on the CPU (memfit.techniques.offload.CpuOffloadOptimizer).
     """
 
@@ -68,6 +77,12 @@ class OptimizerConfig:
             )
         if not self.lr > 0:
             raise BadInputError(f"Learning rate must be > 0, got {self.lr!r}.")
+        if self.offload and self.name.startswith("paged"):
+            raise BadInputError(
+                f"OptimizerConfig(name={self.name!r}, offload=True): a paged optimizer keeps its "
+                "state in CUDA unified memory that pages to the host by itself; on the CPU it "
+                "is an ordinary optimizer. Drop offload, or use name='adamw' with offload."
+            )
 
     @property
     def label(self) -> str:
@@ -75,12 +90,42 @@ class OptimizerConfig:
         return "optimizer state on CPU" if self.offload else ""
 
 
-class AdamW8bitLayout(torch.optim.Optimizer):
-    """Memory layout of bitsandbytes.optim.AdamW8bit; see the module docstring."""
+class BnbAdamWLayout(torch.optim.Optimizer):
+    """Memory layout of bitsandbytes' AdamW family (`Optimizer2State`, adam): AdamW8bit,
+    PagedAdamW and PagedAdamW8bit; see the module docstring.
 
-    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float = DEFAULT_LR) -> None:
+    `optim_bits` 8: uint8 moments with fp32 absmax per block and the shared quantisation map
+    (`init_state`, dtype uint8), 32-bit moments for tensors under `BNB_MIN_8BIT_SIZE`; 32: two
+    fp32 moments. With `paged`, the moments of tensors of at least `BNB_PAGED_MIN_ELEMENTS`
+    elements are paged (`get_state_buffer`: `F.get_paged`, CUDA unified memory outside
+    PyTorch's allocator); `paged_state` lists them so that the tracer keeps them out of the
+    allocator's device memory. absmax and the quantisation map are never paged.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        lr: float = DEFAULT_LR,
+        *,
+        optim_bits: int = 8,
+        paged: bool = False,
+    ) -> None:
         super().__init__(params, {"lr": lr})
         self._qmap: torch.Tensor | None = None
+        self.optim_bits = optim_bits
+        self.paged = paged
+        #: The paged state tensors (weak: they live as long as the state holds them).
+        self._paged: weakref.WeakSet[torch.Tensor] = weakref.WeakSet()
+
+    def _moment(self, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        t = torch.zeros_like(p, dtype=dtype)
+        if self.paged and p.numel() >= BNB_PAGED_MIN_ELEMENTS:
+            self._paged.add(t)
+        return t
+
+    def is_paged(self, t: torch.Tensor) -> bool:
+        """Whether state tensor `t` lives in paged (unified) memory."""
+        return t in self._paged
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -91,17 +136,17 @@ class AdamW8bitLayout(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     state["step"] = 0
-                    if p.numel() < BNB_MIN_8BIT_SIZE:
-                        state["state1"] = torch.zeros_like(p, dtype=torch.float32)
-                        state["state2"] = torch.zeros_like(p, dtype=torch.float32)
+                    if self.optim_bits == 32 or p.numel() < BNB_MIN_8BIT_SIZE:
+                        state["state1"] = self._moment(p, torch.float32)
+                        state["state2"] = self._moment(p, torch.float32)
                     else:
                         if self._qmap is None:
                             self._qmap = torch.zeros(
                                 BNB_QMAP_ENTRIES, dtype=torch.float32, device=p.device
                             )
                         blocks = (p.numel() + BNB_BLOCK_SIZE - 1) // BNB_BLOCK_SIZE
-                        state["state1"] = torch.zeros_like(p, dtype=torch.uint8)
-                        state["state2"] = torch.zeros_like(p, dtype=torch.uint8)
+                        state["state1"] = self._moment(p, torch.uint8)
+                        state["state2"] = self._moment(p, torch.uint8)
                         state["absmax1"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
                         state["absmax2"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
                         state["qmap1"] = self._qmap
@@ -110,6 +155,34 @@ class AdamW8bitLayout(torch.optim.Optimizer):
                 # bnb's fused kernel updates states and weights in place: no temporaries.
                 p.add_(p.grad, alpha=-group["lr"])
         return None
+
+
+class AdamW8bitLayout(BnbAdamWLayout):
+    """Memory layout of bitsandbytes.optim.AdamW8bit (not paged)."""
+
+
+def is_paged_state(optimizer: torch.optim.Optimizer, t: torch.Tensor) -> bool:
+    """Whether `optimizer` (a trace layout, or optimizers behind one such as
+    OptimizerInBackward) keeps state tensor `t` in paged memory."""
+    is_paged = getattr(optimizer, "is_paged", None)
+    return callable(is_paged) and bool(is_paged(t))
+
+
+def mark_state(
+    tracker: Any,
+    optimizer: torch.optim.Optimizer,
+    host_keys: frozenset[str],
+    params: Iterable[Any] | None = None,
+) -> None:
+    """Mark `optimizer`'s state tensors (of `params`, else all) as optimizer state in the
+    tracer: the entries CUDA keeps on the host (`host_state_keys`) as host, paged ones as
+    paged."""
+    states = optimizer.state.values() if params is None else [optimizer.state[p] for p in params]
+    for state in states:
+        for key, v in state.items():
+            if isinstance(v, torch.Tensor):
+                paged = is_paged_state(optimizer, v)
+                tracker.mark(v, Category.OPTIMIZER_STATE, host=key in host_keys, paged=paged)
 
 
 class Lion(torch.optim.Optimizer):
@@ -142,6 +215,14 @@ class Lion(torch.optim.Optimizer):
         return None
 
 
+#: memfit name -> (state bits, paged, bitsandbytes.optim class).
+_BNB = {
+    "adamw-8bit": (8, False, "AdamW8bit"),
+    "paged-adamw": (32, True, "PagedAdamW"),
+    "paged-adamw-8bit": (8, True, "PagedAdamW8bit"),
+}
+
+
 def build_optimizer(
     params: list[Any], config: OptimizerConfig, *, for_trace: bool
 ) -> torch.optim.Optimizer:
@@ -149,8 +230,8 @@ def build_optimizer(
 
     With `for_trace`, it is laid out as CUDA runs it by default: the foreach implementation
     asked for explicitly (a CPU trace would otherwise run the per-tensor loop), and
-    `AdamW8bitLayout` for bitsandbytes' AdamW8bit. Otherwise it is the real optimizer, with
-    torch's own implementation choice, and bitsandbytes' AdamW8bit.
+    `BnbAdamWLayout` for bitsandbytes' (paged) AdamW. Otherwise it is the real optimizer, with
+    torch's own implementation choice, and bitsandbytes' own classes.
     """
     if not params:
         raise BadInputError(
@@ -173,17 +254,18 @@ def build_optimizer(
         return torch.optim.Adafactor(params, lr=lr, weight_decay=wd, **impl)
     if name == "lion":
         return Lion(params, lr=lr, weight_decay=wd)
-    if name == "adamw-8bit":
+    if name in _BNB:
+        bits, paged, cls = _BNB[name]
         if for_trace:
-            return AdamW8bitLayout(params, lr=lr)
+            return BnbAdamWLayout(params, lr=lr, optim_bits=bits, paged=paged)
         try:
             import bitsandbytes as bnb
         except ImportError as e:
             raise ImportError(
-                "OptimizerConfig(name='adamw-8bit') uses bitsandbytes' AdamW8bit: install it "
+                f"OptimizerConfig(name={name!r}) uses bitsandbytes' {cls}: install it "
                 "with `pip install memfit[bnb]`, or choose 'adafactor' (also light on memory)."
             ) from e
-        return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=wd)
+        return getattr(bnb.optim, cls)(params, lr=lr, weight_decay=wd)
     raise BadInputError(f"Unknown optimizer {name!r}.")
 
 
@@ -221,6 +303,7 @@ def _optimizer_handler(config: OptimizerConfig, build: Build) -> None:
             "fp16-mixed (fp32 weights, GradScaler), or bf16-true on a GPU with bf16."
         )
     build.optimizer = make_optimizer(build.model, config)
+    build.optimizer_config = config
     build.applied.append(
         f"optimizer {config.name}, lr {config.lr:g}" + (" on CPU" if config.offload else "")
     )

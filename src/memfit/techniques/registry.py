@@ -27,6 +27,8 @@ class Build:
     scaler: Any = None
     grad_accum: int = 1
     optimizer: torch.optim.Optimizer | None = None
+    #: The OptimizerConfig the optimizer was built from (OptimizerInBackwardConfig reads it).
+    optimizer_config: Any = None
     applied: list[str] = field(default_factory=list)
     #: What the model does not carry and the training loop must do (TrainSetup does it).
     left_to_caller: list[str] = field(default_factory=list)
