@@ -24,6 +24,7 @@ from memfit.estimator.host_memory import host_memory
 from memfit.estimator.step_runner import traced_micro_batches
 from memfit.events import ALLOC, FREE, Category, Event, StorageRecord
 from memfit.profile import MemoryProfile
+from memfit.techniques.optimizer import paged_state_note
 from memfit.units import format_bytes
 
 #: `fits` requires device memory to stay this fraction below the GPU's capacity. It covers the
@@ -165,6 +166,8 @@ def attach_device_memory(
         offload_optimizer=w.offload_optimizer,
         embedding_path=getattr(est, "embedding_path", None) if w.embedding_on_cpu else None,
     )
+    if (paged := paged_state_note(records)) is not None:
+        est.notes.append(paged)
     est.host = host_memory(
         records, events, w, embedding_path=est.embedding_path if w.embedding_on_cpu else None
     )

@@ -26,7 +26,6 @@ buffer per parameter, and per-parameter temporaries for the sign update.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -114,18 +113,18 @@ class BnbAdamWLayout(torch.optim.Optimizer):
         self._qmap: torch.Tensor | None = None
         self.optim_bits = optim_bits
         self.paged = paged
-        #: The paged state tensors (weak: they live as long as the state holds them).
-        self._paged: weakref.WeakSet[torch.Tensor] = weakref.WeakSet()
+        #: ids of the paged state tensors (alive as long as the state holds them).
+        self._paged: set[int] = set()
 
     def _moment(self, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         t = torch.zeros_like(p, dtype=dtype)
         if self.paged and p.numel() >= BNB_PAGED_MIN_ELEMENTS:
-            self._paged.add(t)
+            self._paged.add(id(t))
         return t
 
     def is_paged(self, t: torch.Tensor) -> bool:
         """Whether state tensor `t` lives in paged (unified) memory."""
-        return t in self._paged
+        return id(t) in self._paged
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -166,6 +165,29 @@ def is_paged_state(optimizer: torch.optim.Optimizer, t: torch.Tensor) -> bool:
     OptimizerInBackward) keeps state tensor `t` in paged memory."""
     is_paged = getattr(optimizer, "is_paged", None)
     return callable(is_paged) and bool(is_paged(t))
+
+
+def paged_state_note(records: dict[int, Any]) -> str | None:
+    """What an estimate says about paged optimizer state (StorageRecord.paged), or None.
+
+    bitsandbytes allocates it with cudaMallocManaged (functional.py `get_paged`), outside
+    PyTorch's caching allocator: the allocator figures leave it out. The driver keeps it on the
+    GPU while it fits beside the allocator's memory and evicts it to host RAM under pressure,
+    so it never causes an out-of-memory; evicted, each step's update pages it in (and out
+    again): up to its size each way over PCIe.
+    """
+    paged = sum(r.nbytes for r in records.values() if r.paged)
+    if not paged:
+        return None
+    from memfit.units import format_bytes
+
+    size = format_bytes(paged)
+    return (
+        f"Paged optimizer state: {size} in CUDA unified memory (bitsandbytes' paged "
+        "optimizer), outside PyTorch's allocator and not in the device figures: on the GPU "
+        "while it fits beside them, paged to host RAM under memory pressure (never an "
+        f"out-of-memory). Evicted, each step pages up to {size} in and {size} out over PCIe."
+    )
 
 
 def mark_state(
