@@ -49,6 +49,11 @@ OPTIMIZERS = (
 QUANTIZE = ("nf4", "nf4-dq", "fp4", "int8", "int8-wo", "int4-wo", "fp8")
 
 MODES = ("train", "inference", "generate")
+#: Activation offloading variants (memfit.techniques.activation_offload): PyTorch's
+#: `save_on_cpu(pin_memory=True)` (every saved tensor, parameters included) or torchtune's
+#: `OffloadActivations` filters (parameters and tensors under 1 KiB stay on the device).
+ACTIVATION_OFFLOAD = ("save_on_cpu", "torchtune")
+
 #: KV caches of `mode="generate"`, as transformers names its cache classes: DynamicCache (grows
 #: by concatenation), StaticCache (allocated at the maximum length), QuantizedCache (quantized
 #: with a full-precision residual), OffloadedCache (layers kept on the CPU).
@@ -143,8 +148,11 @@ class Workload:
             free its gradient at once, so no full set of gradients exists. Excludes gradient
             accumulation, fp16-mixed (loss scaling unscales all gradients at once) and
             optimizer offload.
-        offload_activations: keep the tensors autograd saves for backward in pinned CPU memory
-            (`torch.autograd.graph.save_on_cpu(pin_memory=True)`).
+        offload_activations: keep the tensors autograd saves for backward in pinned CPU memory:
+            False, or one of ACTIVATION_OFFLOAD ("save_on_cpu": PyTorch's
+            `torch.autograd.graph.save_on_cpu(pin_memory=True)`; "torchtune": its filters keep
+            parameters and tiny tensors on the device). True means "save_on_cpu"; read after
+            construction it is False or a variant name.
         chunked_loss: compute the cross-entropy over this many chunks of the sequence, so the
             float32 logits are never all alive; None: one piece, as the model does.
         fsdp_cpu_offload: FSDP2's CPUOffloadPolicy: parameters, gradients and optimizer state on
@@ -182,7 +190,7 @@ class Workload:
     quantize: str | None = None
     prepare_kbit: bool = False
     optimizer_in_backward: bool = False
-    offload_activations: bool = False
+    offload_activations: bool | str = False
     chunked_loss: int | None = None
     fsdp_cpu_offload: bool = False
     host_memory: str | None = None
@@ -241,13 +249,16 @@ class Workload:
                     f"host_memory must be a size such as '64GiB', got {self.host_memory!r}."
                 )
             parse_bytes(self.host_memory)  # a bad size raises, saying the form
+        if self.offload_activations is True:
+            object.__setattr__(self, "offload_activations", ACTIVATION_OFFLOAD[0])
+        if self.offload_activations is not False:
+            check_choice("offload_activations", self.offload_activations, ACTIVATION_OFFLOAD)
         for flag in (
             "offload_optimizer",
             "embedding_on_cpu",
             "tie_embeddings",
             "prepare_kbit",
             "optimizer_in_backward",
-            "offload_activations",
             "fsdp_cpu_offload",
         ):
             if not isinstance(getattr(self, flag), bool):
@@ -291,9 +302,11 @@ class Workload:
             given.append("offload_optimizer=True")
         if self.freeze:
             given.append(f"freeze={self.freeze!r}")
-        for flag in ("optimizer_in_backward", "offload_activations", "fsdp_cpu_offload"):
+        for flag in ("optimizer_in_backward", "fsdp_cpu_offload"):
             if getattr(self, flag):
                 given.append(f"{flag}=True")
+        if self.offload_activations:
+            given.append(f"offload_activations={self.offload_activations!r}")
         if self.chunked_loss is not None:
             given.append(f"chunked_loss={self.chunked_loss}")
         if given:

@@ -118,8 +118,12 @@ OptimizerInBackward = Annotated[
     ),
 ]
 OffloadActivations = Annotated[
-    bool,
-    typer.Option("--offload-activations", help="Keep saved activations in pinned CPU memory."),
+    str | None,
+    typer.Option(
+        "--offload-activations",
+        help="Saved activations to pinned CPU memory: save_on_cpu (every saved tensor, as "
+        "PyTorch's) or torchtune (parameters and tiny tensors stay).",
+    ),
 ]
 ChunkedLoss = Annotated[
     int | None,
@@ -167,7 +171,7 @@ WORKLOAD_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("quantize", Quantize, DEFAULT.quantize),
     ("prepare_kbit", PrepareKbit, DEFAULT.prepare_kbit),
     ("optimizer_in_backward", OptimizerInBackward, DEFAULT.optimizer_in_backward),
-    ("offload_activations", OffloadActivations, DEFAULT.offload_activations),
+    ("offload_activations", OffloadActivations, None),
     ("chunked_loss", ChunkedLoss, DEFAULT.chunked_loss),
     ("fsdp_cpu_offload", FsdpCpuOffload, DEFAULT.fsdp_cpu_offload),
     ("host_memory", HostMemory, DEFAULT.host_memory),
@@ -254,6 +258,8 @@ def build_workload(
         lora = LoraConfig(rank=lora_rank, targets=lora_targets or ())
     # Only an optimizer the user named: without one, the Workload picks by the mode.
     given: dict[str, Any] = {"optimizer": optimizer} if optimizer is not None else {}
+    if techniques.get("offload_activations", False) is None:  # the option not given
+        techniques["offload_activations"] = False
     return Workload(
         **given,
         **techniques,

@@ -59,6 +59,9 @@ PLAN_LORA_RANK = 16
 #: Chunks of a chunked cross-entropy: torchtune's CEWithChunkedOutputLoss default
 #: (num_output_chunks=8).
 PLAN_LOSS_CHUNKS = 8
+#: How the planner offloads activations: torchtune's filters keep the weights (which every
+#: matmul saves) and tiny tensors on the device, so only activations cross PCIe.
+PLAN_ACTIVATION_OFFLOAD = "torchtune"
 #: The quantization QLoRA uses (Dettmers et al. 2023: NF4 with double quantization).
 PLAN_QLORA_QUANTIZE = "nf4-dq"
 
@@ -76,7 +79,8 @@ class Shape:
     tied: bool
     quantize: str | None = None
     in_backward: bool = False
-    offload_activations: bool = False
+    #: False, or the variant (memfit.workload.ACTIVATION_OFFLOAD).
+    offload_activations: bool | str = False
     chunked_loss: int | None = None
     fsdp_offload: bool = False
 
@@ -101,7 +105,7 @@ def heavier(a: Shape, b: Shape) -> bool:
     """True when shape `a` needs at least as much memory as `b` in every respect, at the same
     micro-batch. Shapes with and without the step in backward are never compared: they run at
     different micro-batches (no accumulation with the step in backward)."""
-    return (
+    return bool(
         _PRECISION_WEIGHT[a.precision] >= _PRECISION_WEIGHT[b.precision]
         and _optimizer_heavier(a.optimizer, b.optimizer)
         and (a.checkpointing == "off" or b.checkpointing == "blocks")
@@ -109,7 +113,7 @@ def heavier(a: Shape, b: Shape) -> bool:
         and (a.tied <= b.tied)
         and (a.quantize is None or a.quantize == b.quantize)
         and a.in_backward == b.in_backward
-        and (not a.offload_activations or b.offload_activations)
+        and (not a.offload_activations or a.offload_activations == b.offload_activations)
         and (a.chunked_loss is None or b.chunked_loss is not None)
         and (not a.fsdp_offload or b.fsdp_offload)
     )
@@ -200,7 +204,9 @@ def lean_shapes(goal: Any, allowed: set[str], gpu: Any, spec: ModelSpec) -> list
     if "optimizer-in-backward" in allowed and precision != "fp16-mixed":
         in_backward.append(True)
     ckpt = ["blocks", "off"] if "checkpointing" in allowed and spec.num_layers else ["off"]
-    act = [False, True] if "activation-offload" in allowed else [False]
+    act: list[bool | str] = [False]
+    if "activation-offload" in allowed:
+        act.append(PLAN_ACTIVATION_OFFLOAD)
     chunks = PLAN_LOSS_CHUNKS if "chunked-loss" in allowed and spec.task == "causal-lm" else None
     out = [
         Shape(precision, o, c, False, False, in_backward=ib, offload_activations=a,

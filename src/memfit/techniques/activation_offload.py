@@ -46,9 +46,9 @@ import torch
 from memfit.errors import BadInputError
 from memfit.events import Category, StorageRecord
 from memfit.techniques.registry import Build, handler
-from memfit.workload import Workload, check_choice
+from memfit.workload import ACTIVATION_OFFLOAD, Workload, check_choice
 
-VARIANTS = ("save_on_cpu", "torchtune")
+VARIANTS = ACTIVATION_OFFLOAD
 
 #: torchtune's `OffloadActivations(min_offload_size=1024)`: smaller saved tensors stay on the
 #: device ("we don't want to bother with small tensors"); bytes are element_size * nelement.
@@ -243,9 +243,9 @@ def _offloaded_forward(
 
 
 def offload_for_trace(model: torch.nn.Module, w: Workload) -> None:
-    """What `apply_` will do to the model, done to the traced model (the default variant)."""
+    """What `apply_` will do to the model, done to the traced model (the workload's variant)."""
     if w.offload_activations:
-        offload_forward(model, ActivationOffloadConfig())
+        offload_forward(model, ActivationOffloadConfig(variant=str(w.offload_activations)))
 
 
 def offload_traffic(records: dict[int, StorageRecord]) -> tuple[int, int]:
