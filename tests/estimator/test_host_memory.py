@@ -92,3 +92,14 @@ def test_a_host_budget_too_small_does_not_fit_and_says_so() -> None:
 def test_nothing_on_the_host_reports_nothing() -> None:
     est = memfit.estimate(_spec(), memfit.Workload(batch_size=2), gpu="a100-80gb")
     assert est.host is not None and not est.host.worth_reporting
+
+
+def test_paged_state_is_not_host_memory() -> None:
+    """Unified memory stays on the device while it fits: the planner prices its eviction."""
+    paged = StorageRecord(
+        0, 64 * MiB, Category.OPTIMIZER_STATE, "optimizer", 0, "op", "m", -1, 0, host=True,
+        paged=True,
+    )  # fmt: skip
+    host = host_memory({0: paged}, [Event(ALLOC, 0, "optimizer", 0, "op", "m", -1)],
+                       memfit.Workload())  # fmt: skip
+    assert host.peak_bytes == 0

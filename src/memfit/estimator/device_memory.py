@@ -95,6 +95,7 @@ def summarize(
             "host_optimizer_state",
             "embedding_output",
             "offloaded_activations",
+            "paged_optimizer_state",
         ),
         0,
     )
@@ -106,6 +107,8 @@ def summarize(
             out["parameters"] += size
         elif r.category == "gradients" and not r.host and r.step == last:
             out["gradients"] += size
+        elif r.category == "optimizer_state" and r.paged:
+            out["paged_optimizer_state"] += r.nbytes
         elif r.category == "optimizer_state":
             out["host_optimizer_state" if r.host else "optimizer_state"] += (
                 r.nbytes if r.host else size

@@ -14,6 +14,10 @@ the trace keeps on the host (`StorageRecord.host`) is counted here, in one of tw
 - **pageable** memory: optimizer state and update temporaries made on the CPU (`zeros_like` of
   a CPU parameter is not pinned), an embedding table kept on the CPU.
 
+A paged optimizer's state (`StorageRecord.paged`, CUDA unified memory) is neither: it stays on
+the device while the device has room and is evicted to host RAM under pressure; the planner's
+cost model prices the eviction, and it is not counted here.
+
 The budget is `Workload.host_memory`, else this machine's RAM (`os.sysconf`). Not counted: the
 process's own footprint (the Python interpreter, torch's libraries, the data loader, a model
 loaded on the CPU before it is moved), which the report names.
@@ -108,6 +112,8 @@ def host_memory(
     for ev in events:
         r = records.get(ev.sid)
         if r is None or not r.host or ev.kind not in (ALLOC, FREE) or ev.sid in cpu_update:
+            continue
+        if r.paged:  # unified memory: on the device while it fits (see the cost model)
             continue
         pinned = is_pinned(r, embedding_path)
         size = power_of_two_ceil(r.nbytes) if pinned else r.nbytes

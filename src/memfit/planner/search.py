@@ -176,7 +176,7 @@ def _lean_work(est: Estimate) -> dict[str, int]:
         # Pages stay resident while the device has room beside everything else.
         room = int(est.gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION))
         room -= est.profile.device_total_bytes or 0
-        state = rec.get("paged_optimizer_state", rec["host_optimizer_state"])
+        state = rec["paged_optimizer_state"]
         out["paged_bytes_per_step"] = 2 * max(0, state - max(room, 0))
     if w.fsdp_cpu_offload:
         host = est.host.by_category.get("parameters", 0) if est.host is not None else 0
