@@ -122,3 +122,9 @@ def test_mf003_clean(src):
 def test_mf007_zero_grad_set_to_none_false():
     src = "opt.zero_grad(set_to_none=False)\nopt.zero_grad()\nopt.zero_grad(set_to_none=True)\n"
     assert hits(HEAD + src, "MF007") == [(5, "MF007")]
+
+
+@pytest.mark.parametrize("update", ["p.grad += g", "p.grad.add_(g)", "p.grad /= n"])
+def test_mf007_clean_where_grads_are_updated_in_place(update):
+    src = f"for p, g in pairs:\n    {update}\nopt.step()\nopt.zero_grad(set_to_none=False)\n"
+    assert hits(HEAD + src, "MF007") == []

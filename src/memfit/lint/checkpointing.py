@@ -32,11 +32,9 @@ def check_use_reentrant(ctx: FileContext) -> list[LintFinding]:
             continue
         out.append(ctx.finding(
             call, NO_REENTRANT_FLAG,
-            f"`{ctx.text(call)}` leaves `use_reentrant` unset, which runs the reentrant "
-            "variant: it recomputes the whole segment in backward (no early stop), and if no "
-            "input requires grad (a frozen embedding before it) the segment gets no gradients",
-            "pass `use_reentrant=False` (PyTorch's recommendation; `True` keeps the old "
-            "behaviour and silences the warning)",
+            f"`{ctx.text(call)}` without `use_reentrant` runs the reentrant variant: a full "
+            "recompute, and no gradients when no input requires grad",
+            "pass `use_reentrant=False`",
         ))  # fmt: skip
     return out
 
@@ -52,10 +50,8 @@ def check_none_input(ctx: FileContext) -> list[LintFinding]:
             continue
         out.append(ctx.finding(
             call, NONE_INPUT,
-            f"`{ctx.text(call)}` passes `None` to the reentrant checkpoint, which tracks only "
-            "positional tensors that require grad: optional inputs go positionally as `None` "
-            "placeholders, and when the rest need no grad the segment trains nothing "
-            "(\"None of the inputs have requires_grad=True\")",
+            f"`{ctx.text(call)}` passes `None` to the reentrant checkpoint: if no other input "
+            "requires grad, the segment gets no gradients",
             "pass `use_reentrant=False` and the optional inputs by keyword",
         ))  # fmt: skip
     return out

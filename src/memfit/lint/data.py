@@ -67,11 +67,9 @@ def check_dataset_on_gpu(ctx: FileContext) -> list[LintFinding]:
                 continue
             out.append(ctx.finding(
                 node, DATASET_ON_GPU,
-                f"`{ctx.text(node)}` moves the whole `{name}` to the GPU before the loop: "
-                "it takes GPU memory for every sample for the whole run, beside the model, "
-                "its gradients and optimizer state",
-                "keep the data on the CPU and move each batch in the loop "
-                "(`x = x.to(device, non_blocking=True)`), with a pinned-memory DataLoader",
+                f"`{ctx.text(node)}` moves the whole `{name}` to the GPU before the loop",
+                "keep it on the CPU and move each batch in the loop: "
+                "`x.to(device, non_blocking=True)`",
             ))  # fmt: skip
     return out
 
@@ -161,9 +159,9 @@ def _padding_finding(ctx: FileContext, node: ast.Call) -> LintFinding:
     to = "the model's maximum length" if padding.value == "max_length" else "the longest text"
     return ctx.finding(
             node, PAD_NO_TRUNCATION,
-            f"`{ctx.text(node)}` pads to {to} without truncation or `max_length`: one long "
-            "text sets the sequence length, and activation memory grows with it",
-            "add `truncation=True, max_length=N` with the N you planned memory for",
+            f"`{ctx.text(node)}` pads to {to} without truncation: one long text sets "
+            "the batch's sequence length",
+            "add `truncation=True, max_length=N`",
         )  # fmt: skip
 
 
@@ -188,10 +186,8 @@ def check_pin_memory(ctx: FileContext) -> list[LintFinding]:
                 continue
             out.append(ctx.finding(
                 node, PIN_GPU_TENSORS,
-                f"`{ctx.text(node)}` pins memory for a dataset whose tensors are already on "
-                "the GPU: pinning is for host-to-device copies, and here it only adds a "
-                "pinning thread and a page-locked copy per batch, or fails",
-                "drop `pin_memory=True`, or keep the dataset on the CPU and move each batch",
+                f"`{ctx.text(node)}` pins memory for a dataset already on the GPU",
+                "drop `pin_memory=True`, or keep the dataset on the CPU",
             ))  # fmt: skip
     return out
 

@@ -69,11 +69,9 @@ def _scope_findings(ctx: FileContext, scope: _ast.Scope) -> list[LintFinding]:
 def _finding(ctx: FileContext, call: ast.AST, ev: _Event) -> LintFinding:
     return ctx.finding(
         call, EVAL,
-        f"`{ctx.text(call)}` runs `{ev.receiver}` after `{ev.receiver}.eval()` (line "
-        f"{ev.pos[0]}) with grad enabled: the forward records an autograd graph no backward "
-        "uses, which keeps its activations alive as long as the outputs (eval-without-no-grad)",
-        "run it under `with torch.no_grad():` (or `torch.inference_mode()`), or decorate the "
-        "function with `@torch.no_grad()`",
+        f"`{ctx.text(call)}` runs after `{ev.receiver}.eval()` (line {ev.pos[0]}) with grad "
+        "enabled: it records an autograd graph that no backward uses",
+        "wrap it in `with torch.no_grad():` or decorate the function with `@torch.no_grad()`",
     )  # fmt: skip
 
 

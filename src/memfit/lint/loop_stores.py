@@ -80,9 +80,8 @@ def _accumulation(lp: _Loop, node: ast.AST) -> LintFinding | None:
     fix = f"`{holder} += {name}.item()`" if number else f"add `{name}.detach()`"
     return lp.ctx.finding(
         node, KEPT,
-        f"`{lp.ctx.text(node)}` adds a tensor holding its autograd graph to `{holder}`, which "
-        "outlives the iteration: the graph of every step stays alive (graph-kept-alive)",
-        f"{fix}, a number or a graph-free tensor", edits,
+        f"`{lp.ctx.text(node)}` keeps every step's autograd graph alive in `{holder}`",
+        fix, edits,
     )  # fmt: skip
 
 
@@ -103,14 +102,12 @@ def _container(lp: _Loop, node: ast.AST) -> LintFinding | None:
     number = is_loss and _numeric_holder(lp, holder, node)
     edits = _edits(lp, leaves, ".item()" if number else ".detach()") if is_loss else ()
     if is_loss:
-        fix = f"store `{name}.item()` (a number) or `{name}.detach()`"
+        fix = f"store `{name}.item()` or `{name}.detach()`"
     else:
-        fix = f"store `{name}.detach()` (frees the graph) or `{name}.detach().cpu()` (frees "
-        fix += "the GPU memory too)"
+        fix = f"store `{name}.detach()`, or `{name}.detach().cpu()` to free the GPU memory too"
     return lp.ctx.finding(
         node, KEPT,
-        f"`{lp.ctx.text(node)}` keeps a tensor with its autograd graph in `{holder}` on every "
-        "iteration: the graphs, and the tensors, of all steps stay alive (graph-kept-alive)",
+        f"`{lp.ctx.text(node)}` keeps every step's tensor and autograd graph in `{holder}`",
         fix, edits,
     )  # fmt: skip
 
@@ -127,9 +124,8 @@ def _attribute(lp: _Loop, node: ast.AST) -> LintFinding | None:
     name = leaves[0][0]
     return lp.ctx.finding(
         node, KEPT,
-        f"`{lp.ctx.text(node)}` stores a tensor with its autograd graph on `self`, where it "
-        "outlives the iteration and keeps that step's graph alive into the next "
-        "(graph-kept-alive)",
+        f"`{lp.ctx.text(node)}` keeps the step's autograd graph alive on `self` into the "
+        "next iteration",
         f"`{target} = {name}.detach()` (or `.item()` for a number)",
     )  # fmt: skip
 
@@ -148,8 +144,8 @@ def _carried(lp: _Loop, node: ast.AST) -> LintFinding | None:
         return None
     return lp.ctx.finding(
         node, KEPT,
-        f"`{lp.ctx.text(node)}` carries the loss, with its autograd graph, into the next "
-        "iteration (graph-kept-alive)",
+        f"`{lp.ctx.text(node)}` carries the loss and its autograd graph into the next "
+        "iteration",
         f"`{t.id} = {v.id}.detach()` (or `.item()` for a number)",
     )  # fmt: skip
 

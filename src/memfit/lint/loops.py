@@ -131,11 +131,10 @@ def check_retain(ctx: FileContext) -> list[LintFinding]:
                     continue  # the graph is built before the loop: each iteration reuses it
                 out.append(ctx.finding(
                     call, RETAIN,
-                    f"`{ctx.text(call)}` in a loop keeps every saved tensor of this "
-                    "iteration's graph alive until the graph is dropped, though no later "
-                    "backward uses it (retain-graph-in-loop)",
-                    "drop `retain_graph=True`; it is needed only when a second backward "
-                    "through the same graph follows",
+                    f"`{ctx.text(call)}` in a loop keeps each iteration's saved tensors "
+                    "alive, and no later backward uses them",
+                    "drop `retain_graph=True` (needed only before a second backward through "
+                    "the same graph)",
                 ))  # fmt: skip
     return out
 
@@ -197,8 +196,23 @@ def _strip_methods(expr: ast.AST) -> ast.AST:
     return expr
 
 
+def _updates_grad_in_place(node: ast.AST) -> bool:
+    if isinstance(node, ast.AugAssign):
+        return isinstance(node.target, ast.Attribute) and node.target.attr == "grad"
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        recv = node.func.value
+        in_place = node.func.attr.endswith("_") and not node.func.attr.startswith("_")
+        return in_place and isinstance(recv, ast.Attribute) and recv.attr == "grad"
+    return False
+
+
 def check_zero_grad(ctx: FileContext) -> list[LintFinding]:
-    """MF007: `zero_grad(set_to_none=False)` keeps every gradient allocated between steps."""
+    """MF007: `zero_grad(set_to_none=False)` keeps every gradient allocated between steps.
+
+    A file that updates `.grad` in place (`p.grad += g`, as a parameter server does) needs the
+    zeros, and is left alone."""
+    if any(_updates_grad_in_place(n) for n in ast.walk(ctx.tree)):
+        return []
     out = []
     for node in ast.walk(ctx.tree):
         if (
@@ -208,10 +222,8 @@ def check_zero_grad(ctx: FileContext) -> list[LintFinding]:
         ):
             out.append(ctx.finding(
                 node, ZERO_GRAD,
-                f"`{ctx.text(node)}` fills the gradients with zeros instead of freeing them, "
-                "so a full set of gradients (the size of the trainable parameters) stays "
-                "allocated through the next forward, when activations peak",
-                "`zero_grad()` (set_to_none=True is the default since PyTorch 2.0); read "
-                "`p.grad` as possibly None",
+                f"`{ctx.text(node)}` keeps a full set of gradients allocated through the "
+                "next forward",
+                "`zero_grad()` (set_to_none=True is the default since PyTorch 2.0)",
             ))  # fmt: skip
     return out
