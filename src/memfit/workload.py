@@ -348,6 +348,12 @@ class Workload:
         self._check_generation()
         if self.checkpoint_first is not None and self.checkpointing != "blocks":
             raise BadInputError("checkpoint_first needs checkpointing='blocks'.")
+        if self.offload_optimizer and self.optimizer.startswith("paged-"):
+            raise BadInputError(
+                f"offload_optimizer=True with optimizer={self.optimizer!r}: a paged optimizer "
+                "keeps its state in CUDA unified memory, which pages to the host by itself. "
+                "Drop offload_optimizer, or use optimizer='adamw' with it."
+            )
         if self.training and self.offload_optimizer and self.optimizer == "none":
             raise BadInputError(
                 "offload_optimizer=True moves optimizer state to the CPU, and optimizer is "

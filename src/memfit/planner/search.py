@@ -321,7 +321,9 @@ def _explore(
         # offload places everything itself.
         if shape.fsdp_offload:
             return [(False, False)]
-        return [(o, e) for o, e in places if not (o and shape.in_backward)]
+        # A paged optimizer pages its state to the host by itself.
+        lean = shape.in_backward or shape.optimizer.startswith("paged-")
+        return [(o, e) for o, e in places if not (o and lean)]
 
     # Probe the lightest shapes at the smallest micro-batch first: a light shape that does not
     # fit rules out every heavier one before any of them is traced.

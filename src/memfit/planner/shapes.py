@@ -138,7 +138,8 @@ def _sorted(shapes: list[Shape]) -> list[Shape]:
     # Fastest first (16-bit compute, no recomputation, nothing over PCIe), lightest next: a good
     # plan found early bounds the rest, and a light shape that fails rules out the heavier ones.
     return sorted(shapes, key=lambda s: (
-        s.precision == "fp32", s.fsdp_offload, s.offload_activations, s.checkpointing != "off",
+        s.precision == "fp32", s.fsdp_offload, bool(s.offload_activations),
+        s.checkpointing != "off",
         _PRECISION_WEIGHT[s.precision] + _OPTIMIZER_WEIGHT[s.optimizer] - s.lora - s.tied,
     ))  # fmt: skip
 
