@@ -111,3 +111,11 @@ def test_checkpointing_needs_the_gpu_even_with_a_tokenizer(tmp_path, words_tok, 
                "--checkpointing", "blocks", "--precision", "bf16-mixed")  # fmt: skip
     assert res.exit_code == 2
     assert "--checkpointing size the max length, which need --gpu (max length)" in res.output
+
+
+def test_nothing_fits_exits_1(tmp_path, tiny_config):
+    (tmp_path / "d.jsonl").write_text('{"text": "the cat"}\n')
+    # 520 MiB is less than the CUDA context and workspaces alone: not one token fits.
+    res = _run(tmp_path / "d.jsonl", "--model", tiny_config, "--gpu", "rtx-4090@520MiB")
+    assert res.exit_code == 1, res.output
+    assert "no sequence length fits: every sample would be cut" in res.stdout

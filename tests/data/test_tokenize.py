@@ -38,3 +38,15 @@ def test_tokenizer_beside_a_config(tmp_path, words_tok):
     (words_tok / "config.json").write_text("{}")
     assert tokenizer_beside(str(words_tok / "config.json")) == words_tok
     assert tokenizer_beside("gpt2") is None
+
+
+def test_import_is_light():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, memfit.data, memfit.cli.app\n"
+        "heavy = ('transformers', 'tokenizers', 'pyarrow', 'datasets')\n"
+        "assert not [m for m in heavy if m in sys.modules], sys.modules.keys() & set(heavy)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
