@@ -204,8 +204,11 @@ def data_command(
     gpus: Gpus = DEFAULT.gpus,
     as_json: AsJson = False,
 ) -> None:
-    """Token lengths, outliers, the max length that fits GPU and what it truncates, and the
-    vocabulary's coverage, of a text data set (streamed, in constant memory)."""
+    """Token lengths, outliers, the max length that fits GPU and what it cuts, of a data set.
+
+    Streamed in constant memory; with a tokenizer, also the vocabulary's coverage and what
+    pruning it saves.
+    """
     options = dict(
         batch=batch, task=task, mode=mode, precision=precision, optimizer=optimizer,
         grad_accum=grad_accum, checkpointing=checkpointing, lora_rank=lora_rank,
