@@ -25,6 +25,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("memfit.guard",),
     ("memfit.planner",),
     ("memfit.data",),
+    ("memfit.integrations",),
     ("memfit.cli",),
     ("memfit",),
 )
