@@ -24,6 +24,8 @@ class Category(str, Enum):
     ACTIVATIONS = "activations"
     TEMPORARIES = "temporaries"
     WORKSPACES = "workspaces"
+    #: The KV cache of a generation (transformers' Cache layers: keys and values).
+    KV_CACHE = "kv_cache"
 
     # Print as the value ("parameters"), not as "Category.PARAMETERS" (Python >= 3.11 formats
     # mixed-in enums by name).

@@ -138,7 +138,9 @@ def add_workspaces(
     new_records = dict(records)
     new_events = list(events)
     for phase in ("forward", "backward")[:pairs]:
-        at = next((i for i, ev in enumerate(new_events) if ev.phase == phase), None)
+        # A generation's first model call is its "prefill" (memfit.estimator.generation).
+        names = ("forward", "prefill") if phase == "forward" else (phase,)
+        at = next((i for i, ev in enumerate(new_events) if ev.phase in names), None)
         if at is None:
             at = next(
                 (i for i, ev in enumerate(new_events) if ev.phase == "forward"), len(new_events)
@@ -166,7 +168,7 @@ def attach_device_memory(
     w = est.workload
     records = place_on_host(
         records,
-        offload_optimizer=w.offload_optimizer,
+        offload_optimizer=w.offload_optimizer or w.fsdp_cpu_offload,  # both step on the CPU
         embedding_path=getattr(est, "embedding_path", None) if w.embedding_on_cpu else None,
     )
     if (paged := paged_state_note(records)) is not None:

@@ -15,7 +15,8 @@ from typing import Any
 from memfit.cuda.allocator_config import AllocatorConfig
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
-from memfit.estimator.device_memory import attach_device_memory
+from memfit.estimator.device_memory import FIT_MARGIN_FRACTION, attach_device_memory
+from memfit.estimator.generation import generation_figures, trace_generation, without_markers
 from memfit.estimator.host_memory import HostMemory
 from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch, expand
 from memfit.estimator.step_runner import Trace, run_trace, traced_micro_batches
@@ -53,6 +54,8 @@ class Estimate:
     flops: dict[str, int] = field(default_factory=dict)
     #: Host RAM for what the step keeps on the CPU (memfit.estimator.host_memory).
     host: HostMemory | None = None
+    #: With mode="generate": KV cache, prefill and decode peaks (generation.GenerationFigures).
+    generation: Any = None
 
     def __repr__(self) -> str:
         """The headline, not the dataclass dump (the profile alone is thousands of events):
@@ -153,6 +156,8 @@ def trace_spec(
     """
 
     check_model_options(spec, w)
+    if w.mode == "generate":
+        return trace_generation(spec, w, capability)
     n = spec.num_layers
     partial_ckpt = w.checkpoint_first is not None and w.checkpoint_first < (n or 0)
     # Blocks checkpointed and not are different blocks: such a model is traced whole.
@@ -287,7 +292,14 @@ def estimate_from_trace(
         raise BadInputError(tied_embedding_message(tr.embedding_tied_to))
     est.notes.extend(spec.notes)  # e.g. the loss a model of unknown head is traced with
     est.notes.extend(tr.notes)  # e.g. which layers stayed unquantized
-    attach_device_memory(est, tr.records, tr.events, alloc_conf=alloc_conf, n_gpus=w.gpus)
+    records, events = without_markers(tr) if w.mode == "generate" else (tr.records, tr.events)
+    attach_device_memory(est, records, events, alloc_conf=alloc_conf, n_gpus=w.gpus)
+    if w.mode == "generate":
+        headroom = None
+        if gpu is not None:
+            limit = int(gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION))
+            headroom = limit - (est.profile.device_total_bytes or 0)
+        est.generation = generation_figures(w, tr, n_blocks, est.profile, headroom)
     if w.offload_activations:
         est.notes.append(offload_note(tr.records, scale))
     return est

@@ -4,6 +4,9 @@
 - "optimizer" inside `optimizer.step()` (global optimizer step hooks; an optimizer stepping
   another, as `CpuOffloadOptimizer` does, is one step), "zero_grad" after it;
 - "backward" is set by the tracker itself, when autograd runs a node.
+A transformers Cache passed to the model (`generate`'s `past_key_values`) is watched: the tensors
+its layers hold are filed as `kv_cache` (memfit.estimator.kv_cache.CacheWatcher, as in an
+estimate).
 Without a model (a script), the outermost module called is taken as the model: its tensors are
 counted from its first call, and what was made since the last step and is still alive then is
 taken as its inputs (data loading).
@@ -22,6 +25,7 @@ from torch.optim.optimizer import (
 )
 from torch.utils import _pytree as pytree
 
+from memfit.estimator.kv_cache import CacheWatcher
 from memfit.estimator.tracker import Tracker
 from memfit.events import Category
 from memfit.models.structure import find_repeated_blocks
@@ -52,10 +56,12 @@ class PhaseHooks:
         self.depth = 0  # module calls inside each other (scripts without a named model)
         self.known: set[int] = {id(model)} if model is not None else set()
         self.handles: list[Any] = []
+        self.kv = CacheWatcher(tracker)
 
     def install(self) -> list[Any]:
         """Register the hooks; returns their handles (removed by the measurement)."""
         self.handles += [
+            _Closing(self.kv),
             register_optimizer_step_pre_hook(self.on_step_pre),
             register_optimizer_step_post_hook(self.on_step_post),
         ]
@@ -72,6 +78,7 @@ class PhaseHooks:
         self, mod: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
         tracker = self.tracker
+        self.kv.see(kwargs)
         if torch._C._current_autograd_node() is not None:
             return  # a checkpointed forward recomputed in backward
         if tracker.phase == "forward" and not self.stepped:
@@ -131,6 +138,16 @@ class PhaseHooks:
 
     def outer_post(self, mod: torch.nn.Module, args: Any, out: Any) -> None:
         self.depth -= 1
+
+
+class _Closing:
+    """A handle whose `remove` stops the cache watcher (the measurement removes its handles)."""
+
+    def __init__(self, watcher: CacheWatcher) -> None:
+        self.watcher = watcher
+
+    def remove(self) -> None:
+        self.watcher.close()
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:

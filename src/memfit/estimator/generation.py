@@ -1,0 +1,516 @@
+"""`mode="generate"`: the installed transformers' own `generate` on fake tensors.
+
+The trace runs `model.generate(input_ids, max_new_tokens=n, num_beams=K, ...)` under the tracker,
+so what the real code does is what is measured: the prefill's logits (transformers 5 asks the
+model for the last position only, `logits_to_keep`), a DynamicCache growing by `torch.cat` (old
+and new keys alive together in each layer), a StaticCache allocated at its maximum length
+(`max_length - 1` positions) and written in place, sliding-window layers that stop growing,
+grouped-query attention (the cache holds `num_key_value_heads` heads), beam search's
+`index_select` of every layer at every step. Each model call is one step of the stream: step 0
+is the prefill (phase "prefill"), steps 1.. are decode steps (phase "decode").
+
+Fake tensors have no values, so the few places where `generate` reads one are answered the way a
+generation of exactly `new_tokens` tokens from memfit's synthetic prompt (no padding, no special
+tokens) answers them (see `_Oracle`): no sequence stops before `max_new_tokens`, the worst case
+for memory.
+
+A generation of N tokens has N model calls. Only a few are traced (memfit.estimator.
+decode_extension extends the stream to N and checks the extension against a longer trace).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from memfit.errors import BadInputError, TraceError
+from memfit.estimator.kv_cache import CacheWatcher
+from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch, expand
+from memfit.estimator.step_runner import (
+    _NOTES,
+    DTYPES,
+    Trace,
+    _emulate_cuda,
+    _register_model,
+    _traced_model,
+    _unpacked_synthetic_inputs,
+)
+from memfit.estimator.tracker import Tracker, parameter_modules
+from memfit.events import ALLOC, Category, Event, StorageRecord
+from memfit.models.sources import ModelSpec
+from memfit.models.structure import embedding_tied_to, input_embedding_path
+from memfit.profile import MemoryProfile
+from memfit.techniques.quantize_trace import logical_numel
+from memfit.workload import Workload
+
+#: The op name of the zero-byte marker left in the stream at the end of every model call; the
+#: estimate reads the KV cache there and removes the markers before the allocator replay.
+CALL_END_OP = "<model_call_end>"
+
+
+@dataclass
+class GenerationTrace:
+    """A traced generation: the stream, and the model calls it made."""
+
+    trace: Trace
+    new_tokens: int
+    #: Model calls made (1 prefill + new_tokens - 1 decode steps).
+    calls: int
+    #: Storage id -> cache layer index, for the KV cache's storages.
+    kv_layer: dict[int, int] = field(default_factory=dict)
+
+
+def check_generation(spec: ModelSpec, w: Workload) -> None:
+    """What the trace cannot run, refused before tracing with the value and the fix."""
+    if w.tp > 1:
+        raise BadInputError(
+            f"tp={w.tp}: memfit does not model tensor-parallel generation yet. Use tp=1 (the "
+            "estimate of one GPU holding the whole model)."
+        )
+    if w.cache in ("quantized", "offloaded"):
+        raise BadInputError(
+            f"cache={w.cache!r} is not modelled yet (transformers' QuantizedCache needs the "
+            "optimum-quanto or hqq backend, OffloadedCache CUDA streams). Use cache='dynamic' or "
+            "cache='static'."
+        )
+    if spec.task != "causal-lm" or spec.input_kind != "tokens":
+        raise BadInputError(
+            f"mode='generate' needs a decoder-only language model (task 'causal-lm'), and "
+            f"{spec.name!r} has task {spec.task!r}. Use mode='inference' for one forward, or a "
+            "causal-LM model."
+        )
+    if spec.batch_is_user_defined:
+        raise BadInputError(
+            f"mode='generate' makes its own prompt of prompt_len tokens, and {spec.name!r} has an "
+            "input factory (make_batch). Drop the factory, or use mode='inference'."
+        )
+    prompt = prompt_len(w)
+    total = prompt + w.new_tokens
+    if spec.max_positions is not None and total > spec.max_positions:
+        raise BadInputError(
+            f"prompt_len={prompt} + new_tokens={w.new_tokens} = {total} positions, longer than "
+            f"{spec.name!r} supports ({spec.max_positions}). Use prompt_len="
+            f"{max(spec.max_positions - w.new_tokens, 1)} or less, or fewer new_tokens."
+        )
+
+
+#: The prompt length when none is given: the inference default sequence length (step_runner).
+DEFAULT_PROMPT_LEN = 512
+
+
+def prompt_len(w: Workload) -> int:
+    return w.prompt_len if w.prompt_len is not None else DEFAULT_PROMPT_LEN
+
+
+class _GenerationTracker(Tracker):
+    """The tracker, answering the value reads `generate` makes on a synthetic prompt.
+
+    Outside the patched stopping checks (`_Oracle`), `generate` reads a value to inspect its
+    inputs: `(attention_mask == 1).all()` (is there padding?) and `(ids < 0).any()` (dummy
+    ids?). memfit's prompt has no padding and no negative or special ids, so an `all` is True
+    and an `any` False. After its loop, beam search crops its outputs (views) to the generated
+    length, `max_generated_length = (...).sum(dim=1).max()` and `prompt + max_generated_length`:
+    new_tokens and prompt_len + new_tokens. Any other read is an error naming the op.
+    """
+
+    #: Set by the trace: the oracle of the generation and the prompt length.
+    oracle: _Oracle
+    prompt_len: int
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            sid = self.sid_of(args[0])
+            op = self.records[sid].op if sid is not None else "?"
+            finished = self.oracle.calls >= self.oracle.new_tokens
+            if op.startswith("all."):
+                return True
+            if op.startswith("any."):
+                return False
+            if finished and op.startswith("max."):
+                return self.oracle.new_tokens
+            if finished and op.startswith("add."):
+                return self.prompt_len + self.oracle.new_tokens
+            raise TraceError(
+                f"generate read the value of a tensor made by {op!r}, which a fake trace "
+                "cannot know. memfit models greedy search and beam search of exactly "
+                "new_tokens tokens; a custom logits processor or stopping criterion is not "
+                "modelled."
+            )
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class _Oracle:
+    """The stopping decisions of a generation of exactly `new_tokens` tokens.
+
+    The patched functions run the same tensor ops as transformers' (so the same storages come
+    and go) and return what a run without early stopping returns: unfinished until the model
+    has been called `new_tokens` times (one prefill, new_tokens - 1 decode steps).
+    """
+
+    def __init__(self, new_tokens: int) -> None:
+        self.new_tokens = new_tokens
+        self.calls = 0
+
+    @contextlib.contextmanager
+    def patched(self) -> Iterator[None]:
+        import transformers.cache_utils as cu
+        import transformers.generation.utils as gu
+
+        oracle = self
+        stop_check = gu.StopCheck.__call__
+        beams_unfinished = gu.GenerationMixin._beam_search_has_unfinished_sequences
+        reorder = cu.StaticLayer.reorder_cache
+
+        def stop_call(
+            self: Any, unfinished: torch.Tensor, tokens: torch.Tensor, length: int
+        ) -> bool:
+            # transformers: `return bool(unfinished_sequences.max() == 0)` (no streamer here).
+            done = unfinished.max() == 0
+            del done
+            return oracle.calls >= oracle.new_tokens
+
+        def beams_call(*args: Any, **kwargs: Any) -> bool:
+            flag = beams_unfinished(*args, **kwargs)  # the same ops; the value is unknown
+            del flag
+            return oracle.calls < oracle.new_tokens
+
+        def static_reorder(self: Any, beam_idx: torch.Tensor) -> None:
+            # transformers' CacheLayerMixin.reorder_cache, whose `if self.get_seq_length() > 0`
+            # holds after the prefill (the only time generate reorders).
+            filled = self.get_seq_length() > 0
+            del filled
+            self.keys = self.keys.index_select(0, beam_idx.to(self.keys.device))
+            self.values = self.values.index_select(0, beam_idx.to(self.values.device))
+
+        setattr(gu.StopCheck, "__call__", stop_call)  # noqa: B010
+        name = "_beam_search_has_unfinished_sequences"
+        setattr(gu.GenerationMixin, name, staticmethod(beams_call))
+        setattr(cu.StaticLayer, "reorder_cache", static_reorder)  # noqa: B010
+        try:
+            yield
+        finally:
+            gu.StopCheck.__call__ = stop_check  # type: ignore[method-assign]
+            gu.GenerationMixin._beam_search_has_unfinished_sequences = staticmethod(  # type: ignore[method-assign]
+                beams_unfinished
+            )
+            cu.StaticLayer.reorder_cache = reorder  # type: ignore[method-assign]
+
+
+def generate_kwargs(w: Workload, new_tokens: int) -> dict[str, Any]:
+    """The `generate` arguments of the workload, generating `new_tokens` tokens.
+
+    A static cache is sized as `generate` sizes it for the whole workload (`max_length - 1`
+    positions, transformers' `_prepare_cache_for_generation`), even when fewer tokens are
+    traced: `max_cache_len` raises the length to that.
+    """
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": new_tokens,
+        "min_new_tokens": None,
+        "do_sample": False,
+        "num_beams": w.num_beams,
+        "num_return_sequences": 1,
+        "use_cache": True,
+    }
+    if w.cache == "static":
+        kwargs["cache_implementation"] = "static"
+        kwargs["max_cache_len"] = prompt_len(w) + w.new_tokens - 1
+    return kwargs
+
+
+def trace_generation_once(
+    spec: ModelSpec,
+    w: Workload,
+    capability: tuple[int, int] | None,
+    *,
+    num_layers: int | None,
+    new_tokens: int,
+) -> GenerationTrace:
+    """One traced `generate` of `new_tokens` tokens (the cache sized for `w.new_tokens`)."""
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    low = DTYPES[w.compute_dtype_name]
+    model, blocks = _traced_model(spec, w, num_layers, fake_mode, low, None)
+    notes = model.__dict__.pop(_NOTES, [])
+    config = getattr(model, "config", None)
+    if config is not None:
+        config.use_cache = True  # _traced_model turns it off for training and inference
+    params = list(dict.fromkeys(model.parameters()))
+    tracker = _GenerationTracker(model, blocks)
+    emulation = _emulate_cuda(tracker, w, low, capability)
+    watcher = CacheWatcher(tracker)
+    oracle = _Oracle(new_tokens)
+    tracker.oracle, tracker.prompt_len = oracle, prompt_len(w)
+
+    def before_call(module: Any, args: Any, kwargs: Any) -> None:
+        tracker.step = oracle.calls
+        if oracle.calls == 0:  # as memfit.measure files them: what the first call is given
+            tracker.set_phase("forward", 0)
+            for t in _tensors((args, kwargs)):
+                if tracker.sid_of(t) is not None:
+                    tracker.mark(t, Category.INPUTS)
+        watcher.see(kwargs)
+
+    def after_call(module: Any, args: Any, kwargs: Any, out: Any) -> None:
+        oracle.calls += 1
+        _call_end(tracker)
+
+    handles = [
+        model.register_forward_pre_hook(before_call, with_kwargs=True),
+        model.register_forward_hook(after_call, with_kwargs=True),
+    ]
+    vocab = int(getattr(config, "vocab_size", 32000) or 32000)
+    kept: list[Any] = []  # the generated ids outlive the trace, as a user's generate result does
+    try:
+        with fake_mode, tracker, oracle.patched(), _unpacked_synthetic_inputs(spec):
+            _register_model(tracker, model, params, [], parameter_modules(model))
+            try:
+                tracker.set_phase("inputs", 0)
+                ids = torch.randint(0, vocab, (w.batch_size, prompt_len(w)))  # (B, P)
+                # Until the first model call, generate's own setup (phase "prefill", outside any
+                # forward region, as memfit.measure sees it before the model runs).
+                tracker.set_phase("prefill", 0)
+                with torch.no_grad(), emulation:
+                    kept.append(cast(Any, model).generate(ids, **generate_kwargs(w, new_tokens)))
+                emulation.clear_cache()
+            except (BadInputError, TraceError):
+                raise
+            except Exception as e:  # an op the fake tracer cannot run
+                from memfit.estimator.step_runner import _trace_error
+
+                raise _trace_error(e, tracker) from e
+            finally:
+                watcher.close()
+                tracker.close()
+    finally:
+        for h in handles:
+            h.remove()
+    kept.clear()
+    gc.collect()
+    if oracle.calls != new_tokens:
+        raise TraceError(
+            f"generate called the model {oracle.calls} times for {new_tokens} new tokens "
+            f"(expected {new_tokens}); memfit cannot tell prefill from decode in {spec.name!r}."
+        )
+    trace = Trace(
+        records=tracker.records,
+        events=tracker.events,
+        parameter_count=sum(logical_numel(p) for p in params),
+        trainable_parameter_count=0,
+        block_paths=blocks,
+        attention_backends=tracker.attention_backends,
+        flops=tracker.flops,
+        embedding_path=input_embedding_path(model),
+        embedding_tied_to=embedding_tied_to(model),
+        block_parameter_count=_block_params(model, blocks),
+        module_types={n: type(m).__name__ for n, m in model.named_modules()},
+        notes=notes,
+    )
+    return GenerationTrace(
+        trace=trace, new_tokens=new_tokens, calls=oracle.calls, kv_layer=dict(watcher.layer_of)
+    )
+
+
+def _block_params(model: torch.nn.Module, blocks: list[str]) -> int:
+    if len(blocks) < 2:
+        return 0
+    return sum(logical_numel(p) for p in model.get_submodule(blocks[1]).parameters())
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    from torch.utils import _pytree as pytree
+
+    return [t for t in pytree.tree_leaves(obj) if isinstance(t, torch.Tensor)]
+
+
+def _call_end(tracker: Tracker) -> None:
+    """A zero-byte marker at the end of a model call (CALL_END_OP); never freed."""
+    sid = tracker._next_sid
+    tracker._next_sid += 1
+    tracker.records[sid] = StorageRecord(
+        sid, 0, Category.TEMPORARIES, tracker.phase, tracker.step, CALL_END_OP, "", -1, 0
+    )
+    tracker.events.append(Event(ALLOC, sid, tracker.phase, tracker.step, CALL_END_OP, "", -1))
+
+
+# -- the whole generation: repeated blocks replayed, phases named, KV read ---------------------
+
+
+@dataclass(kw_only=True)
+class GenerationFigures:
+    """What a generation holds, besides the profile (`Estimate.generation`).
+
+    Attributes:
+        prompt_len, new_tokens, num_beams, cache: the generation estimated.
+        kv_tokens: positions the cache holds at the end (prompt_len + new_tokens - 1: the
+            last token is never fed back; a static cache is allocated at that length).
+        kv_cache_bytes: the cache's bytes at the end of the last model call, all layers.
+        kv_bytes_by_layer: the same by layer (index in the model's layer stack).
+        kv_bytes_per_token: bytes one more cached position adds, all layers, batch and beams.
+        prefill_peak_bytes / decode_peak_bytes: peak allocated during the prefill (the
+            first model call and generate's setup) and during the decode steps.
+        limiting_phase: "prefill" or "decode", whichever peaks higher.
+        max_kv_tokens: when a GPU is named, the cache positions that fit (kv_tokens plus the
+            headroom below the fit limit over kv_bytes_per_token); None otherwise.
+    """
+
+    prompt_len: int
+    new_tokens: int
+    num_beams: int
+    cache: str
+    kv_tokens: int
+    kv_cache_bytes: int
+    kv_bytes_by_layer: list[int]
+    kv_bytes_per_token: int
+    prefill_peak_bytes: int
+    decode_peak_bytes: int
+    limiting_phase: str
+    max_kv_tokens: int | None = None
+
+
+def name_phases(trace: Trace) -> None:
+    """Model call 0 is the prefill, calls 1.. decode steps: the traced "forward" becomes
+    "prefill" (step 0) or "decode" (steps >= 1), in events and records."""
+
+    def name(phase: str, step: int) -> str:
+        if phase != "forward":
+            return phase
+        return "prefill" if step == 0 else "decode"
+
+    trace.events = [ev._replace(phase=name(ev.phase, ev.step)) for ev in trace.events]
+    for rec in trace.records.values():
+        rec.phase = name(rec.phase, rec.step)
+
+
+def kv_at_last_call(trace: Trace, n_layers: int) -> list[int]:
+    """KV bytes per layer alive at the end of the last model call (its CALL_END_OP marker).
+
+    The layer of a storage is its repeated block (record owner); a model without repeated
+    blocks counts its cache as layer 0.
+    """
+    records = trace.records
+    last = max(i for i, ev in enumerate(trace.events) if ev.op == CALL_END_OP)
+    alive: dict[int, None] = {}
+    for ev in trace.events[: last + 1]:
+        if ev.kind == ALLOC:
+            alive[ev.sid] = None
+        else:
+            alive.pop(ev.sid, None)
+    by_layer = [0] * max(n_layers, 1)
+    for sid in alive:
+        rec = records[sid]
+        if rec.category == Category.KV_CACHE and not rec.host:
+            by_layer[max(rec.owner, 0)] += rec.nbytes
+    return by_layer
+
+
+def without_markers(trace: Trace) -> tuple[dict[int, StorageRecord], list[Event]]:
+    """The stream without its CALL_END_OP markers (zero bytes), for the allocator replay."""
+    marks = {ev.sid for ev in trace.events if ev.op == CALL_END_OP}
+    records = {sid: r for sid, r in trace.records.items() if sid not in marks}
+    return records, [ev for ev in trace.events if ev.sid not in marks]
+
+
+def trace_generation(
+    spec: ModelSpec, w: Workload, capability: tuple[int, int] | None
+) -> tuple[Trace, int, bool]:
+    """Trace the generation of `w`; returns (trace, blocks, replayed) as `trace_spec` does.
+
+    Repeated blocks are replayed as for a step (memfit.estimator.replay): 3 of N layers are
+    traced and expanded, checked against a 4-layer trace (same live-bytes timeline, event for
+    event); otherwise the whole model is traced. The phases are then named ("prefill",
+    "decode"); the CALL_END_OP markers stay for `generation_figures`.
+    """
+    check_generation(spec, w)
+    n = spec.num_layers
+    tr: Trace | None = None
+    replayed = False
+    if spec.can_shorten and n is not None and n > TRACED_BLOCKS + 1 and _uniform(spec):
+        short = trace_generation_once(
+            spec, w, capability, num_layers=TRACED_BLOCKS, new_tokens=w.new_tokens
+        ).trace
+        if len(short.block_paths) == TRACED_BLOCKS and _replay_holds(spec, w, capability, short):
+            try:
+                records, events = expand(short.records, short.events, n, short.block_paths)
+            except ReplayMismatch:
+                pass
+            else:
+                short.parameter_count += (n - TRACED_BLOCKS) * short.block_parameter_count
+                short.records, short.events = records, events
+                short.flops = {
+                    key: f * (1 + n - TRACED_BLOCKS) if key[2] == 1 else f
+                    for key, f in short.flops.items()
+                }
+                tr, replayed = short, True
+    if tr is None:
+        tr = trace_generation_once(
+            spec, w, capability, num_layers=None, new_tokens=w.new_tokens
+        ).trace
+    name_phases(tr)
+    return tr, (n if replayed and n is not None else len(tr.block_paths)), replayed
+
+
+def _uniform(spec: ModelSpec) -> bool:
+    """False when the config gives layers different behaviour (sliding-window layers)."""
+    entry = spec.extra.get("entry")
+    if entry is None:
+        return True
+    types = dict(entry.config).get("layer_types")
+    return not types or len(set(types)) <= 1
+
+
+def _replay_holds(
+    spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, short: Trace
+) -> bool:
+    """The 3-layer generation expanded to 4 layers equals a 4-layer trace, event for event."""
+    four = trace_generation_once(
+        spec, w, capability, num_layers=TRACED_BLOCKS + 1, new_tokens=w.new_tokens
+    ).trace
+    try:
+        records, events = expand(short.records, short.events, TRACED_BLOCKS + 1, short.block_paths)
+    except ReplayMismatch:
+        return False
+    a = MemoryProfile.from_events(records, events)
+    b = MemoryProfile.from_events(four.records, four.events)
+    return a.timeline == b.timeline and a.breakdown == b.breakdown and a.by_module == b.by_module
+
+
+def generation_figures(
+    w: Workload, trace: Trace, n_layers: int, profile: MemoryProfile, headroom: int | None
+) -> GenerationFigures:
+    """The generation's figures from its (expanded) trace and its device profile.
+
+    `headroom`: bytes left below the fit limit on the named GPU (negative when it does not
+    fit), or None without a GPU.
+    """
+    by_layer = kv_at_last_call(trace, n_layers)
+    prompt = prompt_len(w)
+    tokens = prompt + w.new_tokens - 1
+    total = sum(by_layer)
+    per_token = total // tokens if tokens else 0
+    peaks = {"prefill": 0, "decode": 0}
+    for ph in profile.phases:
+        if ph.phase in peaks:
+            peaks[ph.phase] = max(peaks[ph.phase], ph.peak_bytes)
+    limiting = "decode" if peaks["decode"] > peaks["prefill"] else "prefill"
+    max_tokens = None
+    if headroom is not None and per_token > 0:
+        max_tokens = max(tokens + headroom // per_token, 0)
+    return GenerationFigures(
+        prompt_len=prompt,
+        new_tokens=w.new_tokens,
+        num_beams=w.num_beams,
+        cache=w.cache,
+        kv_tokens=tokens,
+        kv_cache_bytes=total,
+        kv_bytes_by_layer=by_layer,
+        kv_bytes_per_token=per_token,
+        prefill_peak_bytes=peaks["prefill"],
+        decode_peak_bytes=peaks["decode"],
+        limiting_phase=limiting,
+        max_kv_tokens=max_tokens,
+    )
