@@ -23,14 +23,18 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from memfit.errors import BadInputError
-from memfit.estimator.tracker import Tracker, parameter_modules
+from memfit.estimator.tracker import Tracker, memory_tensor, parameter_modules
 from memfit.events import Category
 from memfit.measurement.phases import PhaseHooks
 from memfit.models.structure import find_repeated_blocks
@@ -53,6 +57,15 @@ class _LiveTracker(Tracker):
         self.device_types: dict[int, str] = {}
 
     def _track(self, t: torch.Tensor, **kwargs: Any) -> None:
+        t = memory_tensor(t)  # a DTensor's local shard
+        if is_traceable_wrapper_subclass(t):
+            # A wrapper (torchao's Int8Tensor, Float8Tensor) has no memory of its own: its
+            # storage reports the dense size. Its inner tensors hold the bytes.
+            names, _ = t.__tensor_flatten__()
+            for inner in (getattr(t, name) for name in names):
+                if isinstance(inner, torch.Tensor):
+                    self._track(inner, **kwargs)
+            return
         super()._track(t, **kwargs)
         sid = self.sid_of(t)
         if sid is not None and sid not in self.device_types:
@@ -67,7 +80,36 @@ class _LiveTracker(Tracker):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.phase != "backward" and torch._C._current_autograd_node() is not None:
             self.set_phase("backward")
+        if getattr(func, "namespace", "aten") not in _BUILTIN_NAMESPACES:
+            func = _SeenInside(func, self)
         return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+#: Namespaces of PyTorch's own ops; any other op is a library's custom op (bitsandbytes').
+_BUILTIN_NAMESPACES = frozenset({"aten", "prim", "prims", "_c10d_functional", "c10d"})
+
+
+class _SeenInside:
+    """A custom op run below the tracker with the tracker still active, so that the ops of its
+    Python kernel (bitsandbytes' `gemm_4bit` on CPU: the dequantized weight) are recorded as
+    the CUDA allocator would see them; a C++ kernel's own buffers stay unseen."""
+
+    def __init__(self, op: Any, tracker: _LiveTracker) -> None:
+        self.op, self.tracker = op, tracker
+        self.__name__ = op.__name__
+        self.overloadpacket = op.overloadpacket
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        keys = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.Python)
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if not tensors:  # nothing to dispatch on (a profiler's record_function op)
+            return self.op(*args, **kwargs)
+        below = functools.reduce(operator.or_, [torch._C._dispatch_keys(t) & keys for t in tensors])
+        TorchDispatchMode.__enter__(self.tracker)  # the mode only, not the Tracker's hooks
+        try:
+            return self.op.redispatch(below, *args, **kwargs)
+        finally:
+            TorchDispatchMode.__exit__(self.tracker, None, None, None)
 
 
 @dataclass
@@ -215,7 +257,8 @@ def _register_model(tracker: Tracker, model: torch.nn.Module) -> list[Any]:
         mod = module_of[id(p)]
         owner = tracker.owner_of_path(mod)
         # Made while measuring (a script builds its model inside the block): re-filed.
-        for t, cat in ((p, "parameters"), (p.grad, "gradients")):
+        held = [(t, "parameters") for t in _held_by(p)]
+        for t, cat in ((p, "parameters"), *held, (p.grad, "gradients")):
             if t is None:
                 continue
             if tracker.sid_of(t) is None:
@@ -236,6 +279,20 @@ def _register_model(tracker: Tracker, model: torch.nn.Module) -> list[Any]:
         else:
             tracker.mark(b, Category.BUFFERS)
     return handles
+
+
+def _held_by(p: Any, depth: int = 3) -> list[torch.Tensor]:
+    """Tensors a parameter object holds as attributes, which are part of the weight: a
+    bitsandbytes `Params4bit`'s `quant_state` (absmax, code, offset, nested `state2`), an
+    `Int8Params`' row scales `SCB`. Objects are searched `depth` levels deep; modules (a
+    `Params4bit` keeps its `Linear4bit`) are not searched."""
+    found: list[torch.Tensor] = []
+    for v in vars(p).values():
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif depth > 1 and hasattr(v, "__dict__") and not isinstance(v, torch.nn.Module):
+            found += _held_by(v, depth - 1)
+    return found
 
 
 def _device_of(model: torch.nn.Module | None) -> str:

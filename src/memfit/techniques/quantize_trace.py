@@ -135,8 +135,11 @@ class QuantizedLinear(torch.nn.Module):
         return y
 
     def _torchao_fp8(self, x: torch.Tensor) -> torch.Tensor:
-        # Float8Tensor.dequantize -> _dequantize_affine_float8: fp32 product, then the hp dtype.
-        w = (self.storage("qdata").to(torch.float32) * self.storage("scale")).to(self.weight_dtype)
+        # Float8Tensor.dequantize -> _dequantize_affine_float8: `fp8_tensor` (fp32) is a local,
+        # alive through the fp32 product and its cast to the hp dtype (three buffers at once).
+        fp8_tensor = self.storage("qdata").to(torch.float32)
+        w = (fp8_tensor * self.storage("scale")).to(self.weight_dtype)
+        del fp8_tensor
         return torch.nn.functional.linear(x, w.to(x.dtype), self.bias)
 
     def _torchao_int4(self, x: torch.Tensor) -> torch.Tensor:
@@ -191,7 +194,9 @@ class _Bnb8bitMatmul(torch.autograd.Function):
         grad_a = None
         if ctx.needs_input_grad[0]:
             mod = ctx.mod
-            g = grad.reshape(-1, grad.shape[-1]).contiguous()
+            g = grad  # MatMul8bitLt.backward: only a 3-D gradient is reshaped and made contiguous
+            if g.dim() == 3:
+                g = g.reshape(-1, g.shape[-1]).contiguous()
             cb = mod.storage("CB").to(ctx.dtype_a, copy=True)
             cb.mul_(mod.storage("SCB").unsqueeze(1).mul(1.0 / 127.0))
             grad_a = torch.matmul(g.to(ctx.dtype_a), cb).view(ctx.shape)
