@@ -153,14 +153,15 @@ def host_memory(
 
 
 def _cpu_update_temporaries(records: dict[int, StorageRecord], w: Workload) -> set[int]:
-    """The optimizer update's temporaries when it runs on the CPU (offload_optimizer).
+    """The optimizer update's temporaries when it runs on the CPU (offload_optimizer, FSDP2's
+    CPU offload).
 
     The trace lays the update out as CUDA runs it (foreach: temporaries for all parameters at
     once); on the CPU torch.optim picks the per-parameter loop (`_default_to_fused_or_foreach`
     gives foreach only when every tensor is on CUDA), so one parameter's temporaries are alive
     at a time. The caller counts the largest of them instead of their sum.
     """
-    if not w.offload_optimizer:
+    if not (w.offload_optimizer or w.fsdp_cpu_offload):
         return set()
     return {
         sid

@@ -41,6 +41,7 @@ from memfit.techniques.checkpointing import checkpoint_blocks
 from memfit.techniques.chunked_loss import chunk_loss_for_trace
 from memfit.techniques.composition import prepare_model
 from memfit.techniques.fsdp import shard_model
+from memfit.techniques.fsdp_offload import emulated_cpu_offload, mark_host_shards
 from memfit.techniques.optimizer import host_state_keys, mark_state, optimizer_for_trace
 from memfit.techniques.optimizer_in_backward import OptimizerInBackward, trace_hooks
 from memfit.techniques.optimizer_in_backward import for_trace as in_backward_for_trace
@@ -226,7 +227,7 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
     fake_distributed) and the stream is that of rank 0.
     """
     _freeze_long_lived_objects()
-    if w.gpus == 1:
+    if w.gpus == 1 and not w.fsdp_cpu_offload:  # FSDP2's CPU offload shards over one rank too
         return _run_trace(spec, w, capability, num_layers, None)
 
     with fake_world(w.gpus) as mesh:
@@ -268,8 +269,11 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
         if not isinstance(optimizer, OptimizerInBackward):  # its hooks say the owner
             optimizer.state = OwnerTrackingState(tracker, owners)  # type: ignore[assignment]
     grad_owners = {id(p): owner_of_module(module_of.get(id(p), "")) for p in params}
-    with fake_mode, tracker, emulated_offload(tracker):
+    offload = w.fsdp_cpu_offload
+    with fake_mode, tracker, emulated_offload(tracker), emulated_cpu_offload(tracker, offload):
         _register_model(tracker, model, params, trainable if w.training else [], module_of)
+        if offload:  # CPUOffloadPolicy: the shards live on the host
+            mark_host_shards(tracker, model)
         if isinstance(optimizer, OptimizerInBackward):  # after the gradient hooks
             trace_hooks(tracker, optimizer, owners, host_keys)
         scale = None
@@ -340,7 +344,8 @@ def _traced_model(
         checkpoint_blocks(model, chosen)
     if mesh is not None:
         with fake_mode:
-            shard_model(model, FSDPConfig(param_dtype=w.fsdp_param_dtype), mesh=mesh)
+            fsdp = FSDPConfig(param_dtype=w.fsdp_param_dtype, cpu_offload=w.fsdp_cpu_offload)
+            shard_model(model, fsdp, mesh=mesh, pin_memory=False)
     chunk_loss_for_trace(model, w)  # forward wrappers, as apply_ orders them
     offload_for_trace(model, w)
     model.train(w.training)
@@ -487,11 +492,12 @@ def _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step,
     if not w.training:
         return
     tracker.set_phase("optimizer", step)
-    if w.gpus > 1:
+    if w.gpus > 1 or w.fsdp_cpu_offload:
         # FSDP2 sets the reduce-scattered gradient shards itself, not through AccumulateGrad.
         for p in model.parameters():
             if p.grad is not None:
-                tracker.mark(p.grad, Category.GRADIENTS, owner=grad_owners.get(id(p), -1))
+                tracker.mark(p.grad, Category.GRADIENTS, owner=grad_owners.get(id(p), -1),
+                             host=w.fsdp_cpu_offload)  # fmt: skip
     if optimizer is not None:
         if scale is not None:
             grads = [

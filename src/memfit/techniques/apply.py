@@ -113,7 +113,9 @@ def apply_(
     for c in ordered:
         if _ORDER.index(type(c)) < cut:
             apply_one(c, build)
-    _place(build, seen.get(EmbeddingOnCpuConfig))  # type: ignore[arg-type]
+    fsdp = seen.get(FSDPConfig)
+    if not (isinstance(fsdp, FSDPConfig) and fsdp.cpu_offload):  # fully_shard moves each unit
+        _place(build, seen.get(EmbeddingOnCpuConfig))  # type: ignore[arg-type]
     for c in ordered:
         if _ORDER.index(type(c)) >= cut:
             apply_one(c, build)

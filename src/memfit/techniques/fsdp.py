@@ -1,5 +1,7 @@
 """FSDP2 sharding: `fully_shard` on each repeated block, then on the root, over the default
-process group (or, for estimates, a fake one on a CPU mesh).
+process group (or, for estimates, a fake one on a CPU mesh); optionally with FSDP2's
+`CPUOffloadPolicy` (parameters, gradients and optimizer state on the CPU; the trace's emulation
+of its device copies is memfit.techniques.fsdp_offload).
 """
 
 from __future__ import annotations
@@ -32,11 +34,16 @@ class FSDPConfig:
             ("bfloat16" or "float16"), gradients reduce-scattered in fp32 onto fp32 shards,
             and no autocast runs. None keeps the parameters' own dtype (autocast, if any, runs
             over fp32 all-gathers).
+        cpu_offload: FSDP2's `CPUOffloadPolicy`: the sharded parameters, their gradients and
+            the optimizer state live in CPU memory (pinned when CUDA is there); each unit's
+            shards are copied to the GPU before its all-gather and the reduce-scattered
+            gradients are copied back; the optimizer steps on the CPU. Also with one GPU.
     """
 
     reshard_after_forward: bool = True
     world_size: int | None = None
     param_dtype: str | None = None
+    cpu_offload: bool = False
 
     def __post_init__(self) -> None:
         if self.param_dtype not in (None, *_PARAM_DTYPES):
@@ -48,14 +55,22 @@ class FSDPConfig:
     @property
     def label(self) -> str:
         """How reports and `apply_` name the technique."""
+        sharded = self.world_size is not None and self.world_size > 1
+        if self.cpu_offload:
+            offload = "FSDP2 CPU offload"
+            return f"FSDP over {self.world_size} GPUs, {offload}" if sharded else offload
         return f"FSDP over {self.world_size} GPUs" if self.world_size else "FSDP2"
 
 
-def shard_model(model: torch.nn.Module, config: FSDPConfig, *, mesh: Any = None) -> None:
+def shard_model(
+    model: torch.nn.Module, config: FSDPConfig, *, mesh: Any = None, pin_memory: bool | None = None
+) -> None:
     """FSDP2 `fully_shard` on each repeated block, then on the root (once).
 
     `mesh` is the device mesh (default: FSDP2's, over the default process group); the
-    estimator passes a CPU mesh over a fake process group.
+    estimator passes a CPU mesh over a fake process group. `pin_memory` is the
+    `CPUOffloadPolicy`'s with `config.cpu_offload` (None: pinned when CUDA is available;
+    pinning needs CUDA, so a CPU-only run and the trace pass False).
     """
     import torch.distributed as dist
 
@@ -64,7 +79,12 @@ def shard_model(model: torch.nn.Module, config: FSDPConfig, *, mesh: Any = None)
             "FSDP needs an initialised process group: launch with `torchrun --nproc-per-node N "
             "train.py` and call torch.distributed.init_process_group() before apply_."
         )
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        FSDPModule,
+        MixedPrecisionPolicy,
+        fully_shard,
+    )
 
     if isinstance(model, FSDPModule):
         return
@@ -73,6 +93,9 @@ def shard_model(model: torch.nn.Module, config: FSDPConfig, *, mesh: Any = None)
         options["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=_PARAM_DTYPES[config.param_dtype], reduce_dtype=torch.float32
         )
+    if config.cpu_offload:
+        pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+        options["offload_policy"] = CPUOffloadPolicy(pin_memory=pin)
     for path in find_repeated_blocks(model):
         block = model.get_submodule(path)
         if not isinstance(block, FSDPModule):
