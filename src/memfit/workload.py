@@ -348,6 +348,12 @@ class Workload:
         self._check_generation()
         if self.checkpoint_first is not None and self.checkpointing != "blocks":
             raise BadInputError("checkpoint_first needs checkpointing='blocks'.")
+        if self.fsdp_cpu_offload and self.optimizer.startswith("paged-"):
+            raise BadInputError(
+                f"fsdp_cpu_offload=True with optimizer={self.optimizer!r}: the optimizer steps "
+                "on FSDP2's CPU shards, where paged state is plain CPU memory. Use "
+                "optimizer='adamw' with it, or drop fsdp_cpu_offload."
+            )
         if self.offload_optimizer and self.optimizer.startswith("paged-"):
             raise BadInputError(
                 f"offload_optimizer=True with optimizer={self.optimizer!r}: a paged optimizer "
