@@ -24,6 +24,7 @@ the output), so each path is written out from the library's source:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -272,9 +273,11 @@ def prepare_quantized(model: torch.nn.Module, w: Workload, fake_mode: Any) -> li
         notes = quantize_for_trace(model, config, fake_mode, w.training)
         if w.prepare_kbit:
             cast = prepare_kbit_casts(model, config)
+            # By kind, not by count: the repeated blocks are traced a few times and replayed.
+            kinds = sorted({re.sub(r"\.\d+\.", ".N.", n) for n in cast})
             notes.append(
-                f"prepare_kbit: peft's prepare_model_for_kbit_training cast {len(cast)} "
-                "16-bit parameters that are not quantized to float32"
-                + (" (none were 16-bit)." if not cast else ".")
+                "prepare_kbit: peft's prepare_model_for_kbit_training casts the 16-bit "
+                "parameters that are not quantized to float32"
+                + (f": {', '.join(kinds)}." if kinds else " (none were 16-bit).")
             )
     return notes
