@@ -60,6 +60,12 @@ ACTIVATION_OFFLOAD = ("save_on_cpu", "torchtune")
 CACHES = ("dynamic", "static", "quantized", "offloaded")
 CHECKPOINTING = ("off", "blocks")
 ATTENTION = ("sdpa", "eager")
+#: Knowledge-distillation losses (memfit.techniques.distillation): the KL divergence between
+#: teacher and student over the vocabulary, over all positions at once or over chunks of them
+#: (each chunk's logits recomputed in backward).
+DISTILL_LOSSES = ("kl", "chunked-kl")
+#: Precisions of a distillation teacher's weights (a frozen model needs no fp32 master copy).
+TEACHER_PRECISIONS = ("fp32", "fp16", "bf16")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,6 +171,16 @@ class Workload:
         cache: with mode="generate", the KV cache, one of CACHES.
         tp: tensor-parallel GPUs for generation (weights and KV heads split over them; the
             estimate is of one rank).
+        teacher: knowledge distillation from this teacher (a model source, as `model` takes
+            it): each micro-batch runs the student, then the frozen teacher under no_grad, and
+            the KD loss of both logits (memfit.techniques.distillation). Training only.
+        teacher_precision: the teacher's weights, one of TEACHER_PRECISIONS; None: the
+            student's compute dtype.
+        teacher_quantize: the teacher's weights quantized, one of QUANTIZE.
+        distill_loss: one of DISTILL_LOSSES ("chunked-kl": both logits over chunks of the
+            positions, never all alive).
+        teacher_top_k: offline distillation: the teacher's top-k logits and their token ids,
+            computed beforehand, come with the batch; no teacher runs in the step.
     """
 
     batch_size: int = 1
@@ -199,6 +215,11 @@ class Workload:
     num_beams: int = 1
     cache: str = "dynamic"
     tp: int = 1
+    teacher: str | None = None
+    teacher_precision: str | None = None
+    teacher_quantize: str | None = None
+    distill_loss: str = "kl"
+    teacher_top_k: int | None = None
     #: Whether the optimizer was given, not resolved from the mode (see `with_`).
     _optimizer_given: bool = field(default=False, init=False, repr=False, compare=False)
 
@@ -309,6 +330,8 @@ class Workload:
             given.append(f"offload_activations={self.offload_activations!r}")
         if self.chunked_loss is not None:
             given.append(f"chunked_loss={self.chunked_loss}")
+        if self.teacher is not None:
+            given.append(f"teacher={self.teacher!r}")
         if given:
             it = "it" if len(given) == 1 else "them"
             raise BadInputError(
@@ -378,6 +401,7 @@ class Workload:
                 "Drop it, or use gpus > 1 with bf16-mixed or fp16-mixed."
             )
         self._check_quantize()
+        self._check_teacher()
         self._check_step_in_backward()
         if self.fsdp_cpu_offload and (self.offload_optimizer or self.embedding_on_cpu):
             raise BadInputError(
@@ -389,6 +413,51 @@ class Workload:
             raise BadInputError(
                 "embedding_on_cpu and tie_embeddings conflict: a tied output projection "
                 "would have to run on the CPU too. Choose one."
+            )
+
+    def _check_teacher(self) -> None:
+        """The distillation options: each on its own, then together."""
+        given = {k: getattr(self, k) for k, d in (("teacher_precision", None),
+                 ("teacher_quantize", None), ("distill_loss", "kl"), ("teacher_top_k", None))
+                 if getattr(self, k) != d}  # fmt: skip
+        if self.teacher is None:
+            if given:
+                names = ", ".join(f"{k}={v!r}" for k, v in given.items())
+                raise BadInputError(
+                    f"{names}: only distillation uses it, and no teacher is given. Add "
+                    "teacher='MODEL' (the teacher's catalog name or config.json), or drop it."
+                )
+            return
+        if not isinstance(self.teacher, str) or not self.teacher.strip():
+            raise BadInputError(
+                f"teacher must be a model name such as 'llama-3.2-1b' (see `memfit models`), "
+                f"a config.json or file.py:build, got {self.teacher!r}."
+            )
+        if self.teacher_precision is not None:
+            check_choice("teacher_precision", self.teacher_precision, TEACHER_PRECISIONS)
+        if self.teacher_quantize is not None:
+            check_choice("teacher_quantize", self.teacher_quantize, QUANTIZE)
+        check_choice("distill_loss", self.distill_loss, DISTILL_LOSSES)
+        if self.teacher_top_k is not None:
+            _positive("teacher_top_k", self.teacher_top_k)
+            runs = [f"{k}={given[k]!r}" for k in ("teacher_precision", "teacher_quantize")
+                    if k in given]  # fmt: skip
+            if runs:
+                it = "it" if len(runs) == 1 else "them"
+                raise BadInputError(
+                    f"{', '.join(runs)} with teacher_top_k={self.teacher_top_k}: offline "
+                    "top-k logits come with the batch and the teacher does not run in the "
+                    f"step. Drop {it}, or drop teacher_top_k."
+                )
+        if self.chunked_loss is not None:
+            raise BadInputError(
+                f"chunked_loss={self.chunked_loss} with a teacher: the distillation loss "
+                "replaces the model's own loss. Use distill_loss='chunked-kl' instead."
+            )
+        if self.gpus > 1:
+            raise BadInputError(
+                f"teacher with gpus={self.gpus}: memfit does not model sharding a teacher "
+                "with FSDP2. Use gpus=1."
             )
 
     def _check_quantize(self) -> None:

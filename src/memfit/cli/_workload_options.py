@@ -31,10 +31,12 @@ from memfit.workload import (
     ATTENTION,
     CACHES,
     CHECKPOINTING,
+    DISTILL_LOSSES,
     MODES,
     OPTIMIZERS,
     PRECISIONS,
     QUANTIZE,
+    TEACHER_PRECISIONS,
     LoraConfig,
     Workload,
 )
@@ -148,6 +150,29 @@ NumBeams = Annotated[int, typer.Option("--num-beams", help="Generation: beams (1
 Cache = Annotated[str, typer.Option(help=f"Generation: KV cache, {_either(CACHES)}.")]
 Tp = Annotated[int, typer.Option(help="Generation: tensor-parallel GPUs (one rank reported).")]
 
+Teacher = Annotated[
+    str | None,
+    typer.Option(help="Distill from this teacher (catalog name, config.json or file.py:build)."),
+]
+TeacherPrecision = Annotated[
+    str | None,
+    typer.Option(
+        "--teacher-precision",
+        help=f"Teacher weights: {_either(TEACHER_PRECISIONS)} (default: the compute dtype).",
+    ),
+]
+TeacherQuantize = Annotated[
+    str | None,
+    typer.Option("--teacher-quantize", help=f"Quantized teacher: {_either(QUANTIZE)}."),
+]
+DistillLoss = Annotated[
+    str, typer.Option("--distill-loss", help=f"Distillation loss: {_either(DISTILL_LOSSES)}.")
+]
+TeacherTopK = Annotated[
+    int | None,
+    typer.Option("--teacher-top-k", help="Offline distillation from the teacher's top-k logits."),
+]
+
 
 #: Every option `build_workload` takes: (parameter name, annotated type, default), in the order
 #: `--help` lists them.
@@ -180,6 +205,11 @@ WORKLOAD_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("num_beams", NumBeams, DEFAULT.num_beams),
     ("cache", Cache, DEFAULT.cache),
     ("tp", Tp, DEFAULT.tp),
+    ("teacher", Teacher, DEFAULT.teacher),
+    ("teacher_precision", TeacherPrecision, DEFAULT.teacher_precision),
+    ("teacher_quantize", TeacherQuantize, DEFAULT.teacher_quantize),
+    ("distill_loss", DistillLoss, DEFAULT.distill_loss),
+    ("teacher_top_k", TeacherTopK, DEFAULT.teacher_top_k),
 )
 
 
