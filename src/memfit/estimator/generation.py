@@ -30,7 +30,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memfit.errors import BadInputError, TraceError
-from memfit.estimator.kv_cache import CacheWatcher
+from memfit.estimator.kv_cache import CacheWatcher, check_tp, kv_geometry
 from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch, expand
 from memfit.estimator.step_runner import (
     _NOTES,
@@ -48,6 +48,9 @@ from memfit.models.structure import embedding_tied_to, input_embedding_path
 from memfit.profile import MemoryProfile
 from memfit.techniques.quantize_trace import logical_numel
 from memfit.workload import Workload
+
+#: The Trace attribute holding the KV storages' cache layers (storage id -> layer).
+_KV_LAYER = "_memfit_kv_layer"
 
 #: The op name of the zero-byte marker left in the stream at the end of every model call; the
 #: estimate reads the KV cache there and removes the markers before the allocator replay.
@@ -69,6 +72,9 @@ class GenerationTrace:
 def check_generation(spec: ModelSpec, w: Workload) -> None:
     """What the trace cannot run, refused before tracing with the value and the fix."""
     if w.tp > 1:
+        config = _config_of(spec)
+        if config is not None and hasattr(config, "num_attention_heads"):
+            check_tp(kv_geometry(config), w.tp)
         raise BadInputError(
             f"tp={w.tp}: memfit does not model tensor-parallel generation yet. Use tp=1 (the "
             "estimate of one GPU holding the whole model)."
@@ -98,6 +104,17 @@ def check_generation(spec: ModelSpec, w: Workload) -> None:
             f"{spec.name!r} supports ({spec.max_positions}). Use prompt_len="
             f"{max(spec.max_positions - w.new_tokens, 1)} or less, or fewer new_tokens."
         )
+
+
+def _config_of(spec: ModelSpec) -> Any:
+    """The config of a catalog model (attributes read by kv_geometry), else None."""
+    entry = spec.extra.get("entry")
+    config = getattr(entry, "config", None)
+    if config is None or getattr(entry, "model_type", None) is None:
+        return None
+    import types
+
+    return types.SimpleNamespace(**dict(config))
 
 
 #: The prompt length when none is given: the inference default sequence length (step_runner).
@@ -310,6 +327,7 @@ def trace_generation_once(
         module_types={n: type(m).__name__ for n, m in model.named_modules()},
         notes=notes,
     )
+    setattr(trace, _KV_LAYER, dict(watcher.layer_of))
     return GenerationTrace(
         trace=trace, new_tokens=new_tokens, calls=oracle.calls, kv_layer=dict(watcher.layer_of)
     )
@@ -401,10 +419,13 @@ def kv_at_last_call(trace: Trace, n_layers: int) -> list[int]:
         else:
             alive.pop(ev.sid, None)
     by_layer = [0] * max(n_layers, 1)
+    # Beam search reorders each layer outside its block (owner -1): the watcher's layer then.
+    layer_of: dict[int, int] = getattr(trace, _KV_LAYER, {})
     for sid in alive:
         rec = records[sid]
         if rec.category == Category.KV_CACHE and not rec.host:
-            by_layer[max(rec.owner, 0)] += rec.nbytes
+            layer = rec.owner if rec.owner >= 0 else layer_of.get(sid, 0)
+            by_layer[min(layer, len(by_layer) - 1)] += rec.nbytes
     return by_layer
 
 

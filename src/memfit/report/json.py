@@ -61,6 +61,30 @@ def host_json(host: Any) -> dict[str, Any] | None:
     }
 
 
+def generation_json(est: Estimate) -> dict[str, Any]:
+    """The generation keys of the contract (mode="generate" only): `kv_cache_bytes`,
+    `prefill_peak_bytes`, `decode_peak_bytes`, `max_kv_tokens` (a GPU named), `generation`."""
+    gen = est.generation
+    if gen is None:
+        return {}
+    return {
+        "kv_cache_bytes": gen.kv_cache_bytes,
+        "prefill_peak_bytes": gen.prefill_peak_bytes,
+        "decode_peak_bytes": gen.decode_peak_bytes,
+        "max_kv_tokens": gen.max_kv_tokens,
+        "generation": {
+            "prompt_len": gen.prompt_len,
+            "new_tokens": gen.new_tokens,
+            "num_beams": gen.num_beams,
+            "cache": gen.cache,
+            "kv_tokens": gen.kv_tokens,
+            "kv_bytes_by_layer": gen.kv_bytes_by_layer,
+            "kv_bytes_per_token": gen.kv_bytes_per_token,
+            "limiting_phase": gen.limiting_phase,
+        },
+    }
+
+
 def estimate_json(est: Estimate) -> dict[str, Any]:
     """The stable JSON contract of `memfit estimate --json` (see shared/DESIGN.md)."""
     w = est.workload
@@ -107,6 +131,7 @@ def estimate_json(est: Estimate) -> dict[str, Any]:
             "replayed": est.replayed,
         },
         "host_memory": host_json(est.host),
+        **generation_json(est),
         "trace_seconds": round(est.trace_seconds, 3),
         "notes": est.notes,
     }

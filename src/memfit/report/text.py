@@ -69,6 +69,34 @@ def host_lines(est: Estimate) -> list[str]:
     return out
 
 
+def generation_lines(est: Estimate) -> list[str]:
+    """With mode="generate": prefill vs decode, the KV cache, the weights (issue 14)."""
+    gen = est.generation
+    if gen is None:
+        return []
+    p = est.profile
+    weights = p.breakdown.get("parameters", 0) + p.breakdown.get("buffers", 0)
+    per_layer = max(gen.kv_bytes_by_layer) if gen.kv_bytes_by_layer else 0
+    out = [
+        "",
+        f"generation: {gen.cache} cache, {gen.num_beams} beam(s), "
+        f"{gen.kv_tokens} cached positions at the end",
+        f"  {'peak in prefill':<22}{format_bytes(gen.prefill_peak_bytes):>14}",
+        f"  {'peak in decode':<22}{format_bytes(gen.decode_peak_bytes):>14}   "
+        f"({gen.limiting_phase} limits)",
+        f"  {'KV cache':<22}{format_bytes(gen.kv_cache_bytes):>14}   "
+        f"({len(gen.kv_bytes_by_layer)} layers, up to {format_bytes(per_layer)} each; "
+        f"{format_bytes(gen.kv_bytes_per_token)} per position)",
+        f"  {'weights':<22}{format_bytes(weights):>14}",
+    ]
+    if gen.max_kv_tokens is not None and est.gpu is not None:
+        out.append(
+            f"  cache positions that fit on {est.gpu.display_name} at this batch: "
+            f"{gen.max_kv_tokens} (everything else as traced)"
+        )
+    return out
+
+
 def render_text(est: Estimate, *, top_modules: int = 8) -> str:
     """The terminal report, as plain text (the CLI prints it through rich)."""
     p = est.profile
@@ -79,6 +107,9 @@ def render_text(est: Estimate, *, top_modules: int = 8) -> str:
         shape += f" x {w.seq_len} tokens"
     if w.image_size:
         shape += f", {w.image_size}x{w.image_size} images"
+    gen = est.generation
+    if gen is not None:
+        shape += f", prompt {gen.prompt_len} + {gen.new_tokens} new tokens"
     opt = "no optimizer" if not w.training else f"optimizer {w.optimizer}"
     lines.append(
         f"{est.model}: {est.parameter_count:,} parameters "
@@ -101,10 +132,13 @@ def render_text(est: Estimate, *, top_modules: int = 8) -> str:
     lines.append(f"  {'device total':<22}{format_bytes(p.device_total_bytes):>14}   "
                  f"(nvidia-smi{rng})")  # fmt: skip
     lines.append("")
+    when = f"of step {p.peak_step} (step 0 is warm-up)"
+    if gen is not None:  # steps are model calls: 0 the prefill, 1.. the decode steps
+        when = f"(model call {p.peak_step} of {gen.new_tokens})"
     lines.append(
-        f"peak during {p.peak_phase} of step {p.peak_step} (step 0 is warm-up), at op "
-        f"{p.peak_op} in {p.peak_module or '<top>'}"
+        f"peak during {p.peak_phase} {when}, at op {p.peak_op} in {p.peak_module or '<top>'}"
     )
+    lines += generation_lines(est)
     lines.append("")
     lines.append("at the peak, by category:")
     lines += category_lines(p)
