@@ -103,3 +103,10 @@ def test_paged_state_is_not_host_memory() -> None:
     host = host_memory({0: paged}, [Event(ALLOC, 0, "optimizer", 0, "op", "m", -1)],
                        memfit.Workload())  # fmt: skip
     assert host.peak_bytes == 0
+
+
+def test_the_no_gpu_note_only_without_a_gpu() -> None:
+    with_gpu = memfit.estimate(_spec(), memfit.Workload(batch_size=2), gpu="a100-80gb")
+    assert not any(n.startswith("No GPU named") for n in with_gpu.notes)
+    without = memfit.estimate(_spec(), memfit.Workload(batch_size=2))
+    assert any(n.startswith("No GPU named") for n in without.notes)

@@ -230,15 +230,15 @@ def attach_device_memory(
     if est.gpu is not None:
         limit = int(capacity * (1 - FIT_MARGIN_FRACTION))
         est.fits = failed is None and allocator_capacity > 0 and profile.device_total_bytes <= limit
+    else:
+        est.notes.append(
+            f"No GPU named: CUDA context and workspace sizes assume {gpu.display_name}."
+        )
     if est.host.fits is False:
         # The verdict is for a named GPU; without one the note still says it.
         if est.gpu is not None:
             est.fits = False
         est.notes.append(_host_note(est.host))
-    else:
-        est.notes.append(
-            f"No GPU named: CUDA context and workspace sizes assume {gpu.display_name}."
-        )
     est.profile = profile
     return profile
 
