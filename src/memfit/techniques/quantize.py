@@ -43,6 +43,18 @@ BNB_INT8_THRESHOLD = 6.0
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+#: The quantization as reports name it.
+_LABELS = {
+    "nf4": "NF4",
+    "nf4-dq": "NF4 double-quantized",
+    "fp4": "FP4",
+    "int8": "LLM.int8",
+    "int8-wo": "int8 weight-only",
+    "int4-wo": "int4 weight-only",
+    "fp8": "float8",
+}
+
+
 @dataclass(frozen=True, kw_only=True)
 class QuantizeConfig:
     """Quantized base weights (frozen) on the model's linear layers.
@@ -87,7 +99,8 @@ class QuantizeConfig:
 
     @property
     def label(self) -> str:
-        return f"quantize-{self.method}"
+        """How reports name the technique: "NF4 base weights (bitsandbytes)"."""
+        return f"{_LABELS[self.method]} base weights ({self.library})"
 
     @property
     def library(self) -> str:
