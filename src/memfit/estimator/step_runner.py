@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import gc
 import sys
 from collections.abc import Iterator
@@ -40,6 +41,7 @@ from memfit.techniques.activation_offload import emulated_offload, offload_for_t
 from memfit.techniques.checkpointing import checkpoint_blocks
 from memfit.techniques.chunked_loss import chunk_loss_for_trace
 from memfit.techniques.composition import prepare_model
+from memfit.techniques.distillation_trace import for_trace as distillation_for_trace
 from memfit.techniques.fsdp import shard_model
 from memfit.techniques.fsdp_offload import emulated_cpu_offload, mark_host_shards
 from memfit.techniques.optimizer import host_state_keys, mark_state, optimizer_for_trace
@@ -112,6 +114,11 @@ def materialize_fake(
         else:
             mod._buffers[n] = memo[id(t)]
     return model
+
+
+def _materialize_with(fake_mode: FakeTensorMode, model: torch.nn.Module, dtype: torch.dtype,
+                      copy_it: bool) -> torch.nn.Module:  # fmt: skip
+    return materialize_fake(model, fake_mode, dtype, copy_it)
 
 
 def make_batch_for(spec: ModelSpec, model: torch.nn.Module, w: Workload, dtype: torch.dtype) -> Any:
@@ -251,6 +258,8 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
     low = DTYPES[w.compute_dtype_name]
     model, blocks = _traced_model(spec, w, num_layers, fake_mode, low, mesh)
     notes = model.__dict__.pop(_NOTES, [])
+    distill = model.__dict__.pop(_DISTILL)  # the teacher, or None
+    notes += distill.notes if distill is not None else []
     params = list(dict.fromkeys(model.parameters()))
     trainable = [p for p in params if p.requires_grad]
     tracker = Tracker(model, blocks)
@@ -276,6 +285,8 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
             mark_host_shards(tracker, model)
         if isinstance(optimizer, OptimizerInBackward):  # after the gradient hooks
             trace_hooks(tracker, optimizer, owners, host_keys)
+        if distill is not None:
+            distill.register(tracker)
         scale = None
         if w.training and w.precision == "fp16-mixed":
             # GradScaler keeps its scale on the device (torch/amp/grad_scaler.py _lazy_init_*).
@@ -285,7 +296,7 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
             for step in range(w.steps):
                 with _unpacked_synthetic_inputs(spec):
                     _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step,
-                              grad_owners)  # fmt: skip
+                              grad_owners, distill)  # fmt: skip
                 if optimizer is not None:
                     mark_state(tracker, optimizer, host_keys)
         except (BadInputError, TraceError):
@@ -347,6 +358,8 @@ def _traced_model(
             fsdp = FSDPConfig(param_dtype=w.fsdp_param_dtype, cpu_offload=w.fsdp_cpu_offload)
             shard_model(model, fsdp, mesh=mesh, pin_memory=False)
     chunk_loss_for_trace(model, w)  # forward wrappers, as apply_ orders them
+    fake = functools.partial(_materialize_with, fake_mode)
+    model.__dict__[_DISTILL] = distillation_for_trace(model, w, fake_mode, fake)  # a teacher
     offload_for_trace(model, w)
     model.train(w.training)
     config = getattr(model, "config", None)
@@ -412,8 +425,10 @@ def _block_params(model: torch.nn.Module, blocks: list[str], *, trainable_only: 
     )
 
 
-#: Where _traced_model leaves the notes of the model's preparation for the Trace.
+#: Where _traced_model leaves the notes of the model's preparation for the Trace, and the
+#: distillation teacher (memfit.techniques.distillation_trace) for the step.
 _NOTES = "_memfit_trace_notes"
+_DISTILL = "_memfit_trace_distillation"
 
 
 @contextlib.contextmanager
@@ -462,10 +477,11 @@ def _register_inputs(tracker: Tracker, batch: Any) -> None:
 
 
 def _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step,
-              grad_owners) -> None:  # fmt: skip
+              grad_owners, distill) -> None:  # fmt: skip
     for _micro in range(traced_micro_batches(w)):
         tracker.set_phase("inputs", step)
         batch = make_batch_for(spec, model, w, low if w.pure_low_precision else torch.float32)
+        batch = distill.add_inputs(batch) if distill is not None else batch
         _register_inputs(tracker, batch)
         tracker.set_phase("forward", step)
         if not w.training:
@@ -476,7 +492,7 @@ def _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step,
             continue
         with emulation:
             out = call_model(model, batch)
-            loss = step_loss(spec, out, batch)
+            loss = distill.loss(out, batch) if distill is not None else step_loss(spec, out, batch)
             del out
         emulation.clear_cache()
         if w.grad_accum > 1:

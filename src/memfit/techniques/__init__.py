@@ -16,6 +16,7 @@ from memfit.techniques.activation_offload import ActivationOffloadConfig
 from memfit.techniques.checkpointing import CheckpointConfig
 from memfit.techniques.chunked_loss import ChunkedLossConfig
 from memfit.techniques.composition import TechniqueConfig, configs_from_workload, labels
+from memfit.techniques.distillation import DistillationConfig
 from memfit.techniques.embedding_on_cpu import EmbeddingOnCpuConfig
 from memfit.techniques.freeze import FreezeConfig
 from memfit.techniques.fsdp import FSDPConfig
@@ -31,6 +32,7 @@ __all__ = [
     "ActivationOffloadConfig",
     "CheckpointConfig",
     "ChunkedLossConfig",
+    "DistillationConfig",
     "EmbeddingOnCpuConfig",
     "FSDPConfig",
     "FreezeConfig",

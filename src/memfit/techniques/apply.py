@@ -31,6 +31,7 @@ from memfit.techniques.activation_offload import ActivationOffloadConfig
 from memfit.techniques.checkpointing import CheckpointConfig
 from memfit.techniques.chunked_loss import ChunkedLossConfig
 from memfit.techniques.composition import TechniqueConfig, configs_from_workload
+from memfit.techniques.distillation import DistillationConfig
 from memfit.techniques.embedding_on_cpu import EmbeddingOnCpuConfig, move_model
 from memfit.techniques.freeze import FreezeConfig
 from memfit.techniques.fsdp import FSDPConfig
@@ -48,6 +49,7 @@ _ORDER = (
     FreezeConfig,
     LoraConfig,
     ChunkedLossConfig,  # before precision: autocast wraps the chunked forward
+    DistillationConfig,  # before precision: autocast wraps the student's forward
     PrecisionConfig,
     QuantizeConfig,  # on the device, after the cast (the quantization dtype), as traced
     EmbeddingOnCpuConfig,
@@ -67,6 +69,7 @@ def apply_(
     device: str | torch.device | None = None,
     lr: float | None = None,
     loss_fn: Any = None,
+    teacher: torch.nn.Module | None = None,
 ) -> TrainSetup:
     """Apply a plan's techniques to `model` in place and return the training setup.
 
@@ -81,6 +84,8 @@ def apply_(
             an error (set `OptimizerConfig(lr=...)` instead).
         loss_fn: `loss_fn(output, micro_batch) -> loss` for models whose output is not a loss
             (HF models given labels return one).
+        teacher: the teacher of a plan's distillation (DistillationConfig), changed in place:
+            cast, quantized, moved to `device`, frozen, in eval mode.
     """
     explicit = isinstance(plan_or_configs, _ORDER) or (
         isinstance(plan_or_configs, Iterable) and not isinstance(plan_or_configs, (str, bytes))
@@ -105,7 +110,12 @@ def apply_(
     if not isinstance(model, torch.nn.Module):
         raise BadInputError(f"apply_ needs an nn.Module, got {type(model).__name__}.")
     target = torch.device(device) if device is not None else _model_device(model)
-    build = Build(model=model, device=target)
+    if teacher is not None and DistillationConfig not in seen:
+        raise BadInputError(
+            "apply_(teacher=...) given, and the plan has no distillation. Drop teacher=, or "
+            "plan with a teacher (Workload(teacher=...), --teacher)."
+        )
+    build = Build(model=model, device=target, teacher=teacher)
     ordered = sorted(seen.values(), key=lambda c: _ORDER.index(type(c)))
     # The model is placed on its device once its parameters are final (after the precision
     # cast) and before anything wraps its modules.
@@ -130,7 +140,7 @@ def apply_(
         grad_accum=build.grad_accum,
         device=target,
         techniques=tuple(build.applied),
-        loss_fn=loss_fn,
+        loss_fn=loss_fn if loss_fn is not None else build.loss_fn,
         notes=tuple(notes),
     )
 

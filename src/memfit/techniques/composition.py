@@ -13,6 +13,7 @@ from memfit.techniques.accumulation import AccumulationConfig
 from memfit.techniques.activation_offload import ActivationOffloadConfig
 from memfit.techniques.checkpointing import CheckpointConfig
 from memfit.techniques.chunked_loss import ChunkedLossConfig
+from memfit.techniques.distillation import DistillationConfig, config_from_workload
 from memfit.techniques.embedding_on_cpu import EmbeddingOnCpuConfig
 from memfit.techniques.freeze import FreezeConfig, freeze
 from memfit.techniques.fsdp import FSDPConfig
@@ -38,6 +39,7 @@ TechniqueConfig = (
     | QuantizeConfig
     | ActivationOffloadConfig
     | ChunkedLossConfig
+    | DistillationConfig
 )
 
 
@@ -75,6 +77,9 @@ def configs_from_workload(w: Workload, *, lr: float = DEFAULT_LR) -> list[Techni
         out.append(ActivationOffloadConfig(variant=str(w.offload_activations)))
     if w.chunked_loss is not None:
         out.append(ChunkedLossConfig(chunks=w.chunked_loss))
+    distill = config_from_workload(w)
+    if distill is not None:
+        out.append(distill)
     if w.precision != "fp32":
         out.append(PrecisionConfig(precision=w.precision))
     return out

@@ -29,6 +29,10 @@ class Build:
     optimizer: torch.optim.Optimizer | None = None
     #: The OptimizerConfig the optimizer was built from (OptimizerInBackwardConfig reads it).
     optimizer_config: Any = None
+    #: The teacher module of a distillation (`apply_(..., teacher=)`), and the step's loss
+    #: function a technique sets (DistillationConfig: the KD loss, running the teacher).
+    teacher: torch.nn.Module | None = None
+    loss_fn: Any = None
     applied: list[str] = field(default_factory=list)
     #: What the model does not carry and the training loop must do (TrainSetup does it).
     left_to_caller: list[str] = field(default_factory=list)
