@@ -1,0 +1,248 @@
+"""transformers' `TrainingArguments` read as a memfit `Workload`, and a memfit plan written back as
+`TrainingArguments` changes.
+
+`OPTIM_LAYOUTS` maps every `optim` name of transformers' `OptimizerNames` (5.x) to the memfit
+optimizer layout that holds the same state, or to None with the reason memfit does not model it;
+docs/integrations.md prints the table, and a test checks that it covers the installed
+transformers. The callback reads the optimizer *instance* the Trainer built
+(`memfit.integrations._reading.optimizer_layout`), so a user's own optimizer is read as well;
+the table is what `training_arguments_for` writes, and documents the mapping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from memfit.errors import BadInputError
+from memfit.integrations._reading import (
+    BatchTemplate,
+    checkpointing_of,
+    meta_copy,
+    optimizer_layout,
+    precision_of,
+    spec_of_run,
+    strip_hf_checkpointing,
+)
+from memfit.integrations._session import RunReading
+from memfit.workload import Workload
+
+_BNB_OTHER = "bitsandbytes' {} has no memfit layout"
+
+#: `optim` name -> (memfit optimizer, or None when not modelled; what transformers builds / why).
+OPTIM_LAYOUTS: dict[str, tuple[str | None, str]] = {
+    "adamw_torch": ("adamw", "torch.optim.AdamW (foreach on CUDA)"),
+    "adamw_torch_fused": ("adamw-fused", "torch.optim.AdamW(fused=True)"),
+    "adamw_torch_xla": (None, "torch_xla's syncfree AdamW: XLA devices are not modelled"),
+    "adamw_torch_npu_fused": (None, "torch_npu's NpuFusedAdamW: NPUs are not modelled"),
+    "adafactor": (
+        "adafactor",
+        "transformers.optimization.Adafactor: factored second moments of the same sizes as "
+        "torch.optim.Adafactor's, which memfit lays out (its update temporaries are torch's)",
+    ),
+    "adamw_anyprecision": (None, "torchdistx's AnyPrecisionAdamW (state dtypes vary)"),
+    "adamw_torch_4bit": (None, "torchao's 4-bit AdamW"),
+    "adamw_torch_8bit": (
+        None,
+        "torchao's 8-bit AdamW (its block layout differs from bitsandbytes')",
+    ),
+    "ademamix": (None, _BNB_OTHER.format("AdEMAMix (three states)")),
+    "sgd": ("sgd", "torch.optim.SGD; with optim_args momentum > 0: 'sgd-momentum'"),
+    "adagrad": (None, "torch.optim.Adagrad"),
+    "adamw_bnb_8bit": ("adamw-8bit", "bitsandbytes AdamW(optim_bits=8)"),
+    "adamw_8bit": ("adamw-8bit", "bitsandbytes AdamW(optim_bits=8), as adamw_bnb_8bit"),
+    "ademamix_8bit": (None, _BNB_OTHER.format("8-bit AdEMAMix")),
+    "lion_8bit": (None, _BNB_OTHER.format("8-bit Lion")),
+    "lion_32bit": ("lion", "bitsandbytes Lion(optim_bits=32): one fp32 momentum"),
+    "paged_adamw_32bit": ("paged-adamw", "bitsandbytes AdamW(is_paged=True)"),
+    "paged_adamw_8bit": ("paged-adamw-8bit", "bitsandbytes AdamW(optim_bits=8, is_paged=True)"),
+    "paged_ademamix_32bit": (None, _BNB_OTHER.format("paged AdEMAMix")),
+    "paged_ademamix_8bit": (None, _BNB_OTHER.format("paged 8-bit AdEMAMix")),
+    "paged_lion_32bit": (None, _BNB_OTHER.format("paged Lion")),
+    "paged_lion_8bit": (None, _BNB_OTHER.format("paged 8-bit Lion")),
+    "rmsprop": (None, "torch.optim.RMSprop"),
+    "rmsprop_bnb": (None, _BNB_OTHER.format("RMSprop")),
+    "rmsprop_bnb_8bit": (None, _BNB_OTHER.format("8-bit RMSprop")),
+    "rmsprop_bnb_32bit": (None, _BNB_OTHER.format("32-bit RMSprop")),
+    "galore_adamw": (None, "GaLore's low-rank projected AdamW"),
+    "galore_adamw_8bit": (None, "GaLore's low-rank projected 8-bit AdamW"),
+    "galore_adafactor": (None, "GaLore's low-rank projected Adafactor"),
+    "galore_adamw_layerwise": (None, "GaLore, layer-wise (steps in backward)"),
+    "galore_adamw_8bit_layerwise": (None, "GaLore 8-bit, layer-wise (steps in backward)"),
+    "galore_adafactor_layerwise": (None, "GaLore Adafactor, layer-wise (steps in backward)"),
+    "lomo": (None, "LOMO (fused update in backward, its own loop)"),
+    "adalomo": (None, "AdaLomo (fused update in backward, its own loop)"),
+    "grokadamw": (None, "grokadamw's GrokAdamW"),
+    "schedule_free_radam": (None, "schedulefree's RAdam"),
+    "schedule_free_adamw": (None, "schedulefree's AdamW (an extra state z)"),
+    "schedule_free_sgd": (None, "schedulefree's SGD"),
+    "apollo_adamw": (None, "APOLLO's low-rank AdamW"),
+    "apollo_adamw_layerwise": (None, "APOLLO, layer-wise"),
+    "stable_adamw": (None, "StableAdamW"),
+}
+
+#: memfit optimizer -> the `optim` name (and `optim_args`) that builds it.
+_OPTIM_OF = {
+    "adamw": ("adamw_torch", None),
+    "adam": ("adamw_torch", None),  # weight_decay=0.0 (the default) is Adam: the same state
+    "adamw-fused": ("adamw_torch_fused", None),
+    "sgd": ("sgd", None),
+    "sgd-momentum": ("sgd", "momentum=0.9"),
+    "adafactor": ("adafactor", None),
+    "adamw-8bit": ("adamw_bnb_8bit", None),
+    "paged-adamw": ("paged_adamw_32bit", None),
+    "paged-adamw-8bit": ("paged_adamw_8bit", None),
+    "lion": ("lion_32bit", None),
+}
+
+
+def _checkpointing_field(args: Any) -> str:
+    """transformers 5 names it `activation_checkpointing`; earlier, `gradient_checkpointing`."""
+    if hasattr(args, "activation_checkpointing"):
+        return "activation_checkpointing"
+    return "gradient_checkpointing"
+
+
+def _optim_value(args: Any) -> str:
+    optim = getattr(args, "optim", "adamw_torch")
+    return str(getattr(optim, "value", optim))
+
+
+def read_run(args: Any, model: torch.nn.Module, optimizer: Any, batch: Any) -> RunReading:
+    """The Workload and ModelSpec of a Trainer run: `model` as the Trainer prepared it, `args`,
+    the optimizer it built and its first batch. Raises BadInputError for what memfit does not
+    model (FSDP / DeepSpeed / several processes, an optimizer without a layout, ...)."""
+    if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
+        what = "FSDP" if getattr(args, "fsdp", None) else "DeepSpeed"
+        raise BadInputError(
+            f"The Trainer runs {what}; the callback reads single-process runs. Estimate the "
+            "sharded run with `memfit estimate MODEL --accelerate-config FILE` (FSDP2) or "
+            "memfit.estimate(model, Workload(gpus=N))."
+        )
+    world = int(getattr(args, "world_size", 1) or 1)
+    if world > 1:
+        raise BadInputError(
+            f"The Trainer runs {world} processes (DDP): memfit does not model DDP's gradient "
+            "buckets. Estimate one process (it holds the whole model) as a lower bound with "
+            "memfit.estimate(model, Workload(...)), or shard with FSDP2 (Workload(gpus=N))."
+        )
+    template = BatchTemplate.of(batch)
+    autocast = "bfloat16" if args.bf16 else "float16" if args.fp16 else None
+    who = "TrainingArguments(bf16=True)" if args.bf16 else "TrainingArguments(fp16=True)"
+    precision = precision_of(model, autocast, who=who)
+    checkpointing, first, notes = checkpointing_of(model)
+    if getattr(args, "torch_compile", False):
+        notes.append("torch_compile=True: memfit estimates the eager step (compiled kernels "
+                     "fuse temporaries; the estimate is an upper bound for them).")  # fmt: skip
+    name = optimizer_layout(optimizer)
+    if name != "adamw" and _optim_value(args) == "adamw_torch" and optimizer is not None:
+        notes.append(f"optimizer read from the Trainer's instance: {name}")
+    workload = Workload(
+        batch_size=template.batch_size,
+        seq_len=template.seq_len,
+        precision=precision,
+        optimizer=name,
+        grad_accum=int(args.gradient_accumulation_steps),
+        checkpointing=checkpointing,
+        checkpoint_first=first,
+    )
+    spec = spec_of_run(model, template, build=lambda: strip_hf_checkpointing(meta_copy(model)))
+    return RunReading(spec=spec, workload=workload, notes=tuple(notes))
+
+
+def argument_changes(w: Workload, args: Any) -> tuple[dict[str, Any], list[str], list[str]]:
+    """(changes, notes, missing): the `TrainingArguments` changes that make `args` run workload
+    `w`, what to know about them (said in words), and the parts of `w` that no
+    TrainingArguments field expresses (said in words)."""
+    changes: dict[str, Any] = {}
+    notes: list[str] = []
+    other: list[str] = []
+
+    def put(key: str, value: Any) -> None:
+        if getattr(args, key, None) != value:
+            changes[key] = value
+
+    put("per_device_train_batch_size", w.batch_size)
+    put("gradient_accumulation_steps", w.grad_accum)
+    mixed = {"fp32": (False, False), "bf16-mixed": (True, False), "fp16-mixed": (False, True)}
+    if w.precision in mixed:
+        bf16, fp16 = mixed[w.precision]
+        put("bf16", bf16)
+        put("fp16", fp16)
+    else:
+        other.append(
+            f"load the model in {w.compute_dtype_name} (precision {w.precision}: weights, "
+            "gradients and optimizer state in 16 bits), with bf16=False and fp16=False"
+        )
+    if w.optimizer in _OPTIM_OF:
+        optim, optim_args = _OPTIM_OF[w.optimizer]
+        if _optim_value(args) != optim:
+            changes["optim"] = optim
+        if optim_args is not None:
+            put("optim_args", optim_args)
+    ckpt = _checkpointing_field(args)
+    put(ckpt, w.checkpointing == "blocks")
+    if w.checkpoint_first is not None:
+        notes.append(
+            f"memfit's plan checkpoints the first {w.checkpoint_first} blocks; {ckpt}=True "
+            "checkpoints every block (less memory, more recomputation)"
+        )
+    if w.gpus > 1:
+        put("fsdp", "full_shard" + (" offload" if w.fsdp_cpu_offload else ""))
+        notes.append(f"launch {w.gpus} processes (accelerate launch --num_processes {w.gpus})")
+    if w.lora is not None:
+        other.append(f"train LoRA adapters of rank {w.lora.rank} (peft.get_peft_model)")
+    for flag, words in (
+        ("quantize", "a quantized base ({})"),
+        ("offload_optimizer", "the optimizer state on the CPU"),
+        ("embedding_on_cpu", "the input embedding on the CPU"),
+        ("tie_embeddings", "tied input and output embeddings"),
+        ("optimizer_in_backward", "the optimizer step in backward"),
+        ("offload_activations", "saved activations offloaded to the CPU ({})"),
+        ("chunked_loss", "a cross-entropy over {} chunks"),
+    ):
+        value = getattr(w, flag)
+        if value:
+            other.append(words.format(value) + " (memfit.apply_ sets it up)")
+    return changes, notes, other
+
+
+def training_arguments_for(plan: Any, args: Any) -> Any:
+    """A copy of `args` with `plan`'s recommended configuration applied (`memfit.plan`'s Plan,
+    or a Workload); `args` itself is not changed.
+
+    A configuration that TrainingArguments cannot express (a pure 16-bit model, LoRA, the
+    optimizer on the CPU, ...) raises BadInputError naming it.
+
+    Example:
+        >>> p = memfit.plan(model, gpu="rtx-4090", goal=memfit.Goal(global_batch=32, seq_len=1024))
+        >>> args = training_arguments_for(p, args)
+    """
+    best = getattr(plan, "best", None)
+    w = plan if isinstance(plan, Workload) else getattr(best, "workload", None)
+    if w is None:
+        why = " with no configuration that fits" if hasattr(plan, "best") else ""
+        raise BadInputError(
+            "training_arguments_for needs a memfit Plan with a recommendation (or a Workload), "
+            f"got {type(plan).__name__}{why}."
+        )
+    if w.optimizer not in _OPTIM_OF:
+        raise BadInputError(f"optimizer {w.optimizer!r} has no TrainingArguments optim name.")
+    changes, _notes, other = argument_changes(w, args)
+    if other:
+        raise BadInputError(
+            "TrainingArguments cannot express: " + "; ".join(other) + ". Apply the plan with "
+            "memfit.apply_, or plan with memfit.plan(..., forbid=...) to leave them out."
+        )
+    return dataclasses.replace(args, **changes)
+
+
+def current_arguments(args: Any) -> dict[str, Any]:
+    """The TrainingArguments fields `argument_changes` may change, as they are now."""
+    keys = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16",
+            "optim_args", _checkpointing_field(args), "fsdp")  # fmt: skip
+    now = {k: getattr(args, k, None) for k in keys}
+    now["optim"] = _optim_value(args)
+    return now

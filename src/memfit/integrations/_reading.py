@@ -1,0 +1,335 @@
+"""A real training run read into what memfit estimates: a `ModelSpec` and the pieces of a
+`Workload` that the model, its first batch and its optimizer decide.
+
+Nothing of the user's run is changed or allocated:
+- the model is estimated through a *meta copy* (`meta_copy`): the module tree deep-copied with
+  every parameter and buffer replaced by a meta tensor of the same shape, dtype and
+  `requires_grad`, so LoRA adapters, frozen parameters and hooks are kept as the trainer
+  prepared them, and the copy may be changed (its activation checkpointing) freely;
+- the first batch gives shapes only (`BatchTemplate`): the estimate makes tensors of the same
+  shapes and dtypes on fake tensors;
+- the optimizer is read from the instance the trainer built (`optimizer_layout`), so an
+  optimizer the user passed in is read as well as one made from `optim`.
+
+Known limits (errors, never guesses): a model whose parameters are quantized by bitsandbytes
+(`Params4bit`, `Int8Params`) or sharded (DTensor, FSDP) is refused; so is an optimizer memfit
+has no layout for (docs/integrations.md lists them).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from memfit.errors import BadInputError
+from memfit.models.sources import ModelSpec, resolve_model
+from memfit.models.structure import find_repeated_blocks
+
+__all__ = [
+    "BatchTemplate",
+    "checkpointing_of",
+    "meta_copy",
+    "optimizer_layout",
+    "precision_of",
+    "spec_of_run",
+]
+
+#: Parameter classes of quantized libraries that a meta copy cannot stand for.
+_QUANTIZED_PARAMETERS = ("Params4bit", "Int8Params")
+
+
+def _refuse_unreadable(model: torch.nn.Module) -> None:
+    for name, p in model.named_parameters():
+        kind = type(p).__name__
+        if kind in _QUANTIZED_PARAMETERS:
+            raise BadInputError(
+                f"Parameter {name!r} is a bitsandbytes {kind}: memfit does not read a model "
+                "that is already quantized. Estimate the unquantized model with "
+                "Workload(quantize='nf4', lora=LoraConfig(...)) instead (memfit estimate MODEL "
+                "--quantize nf4 --lora-rank 16)."
+            )
+        if type(p.data).__name__ == "DTensor" or type(p).__name__ == "DTensor":
+            raise BadInputError(
+                f"Parameter {name!r} is sharded (a DTensor): memfit reads the model before it is "
+                "sharded. Estimate the unsharded model with Workload(gpus=N) (memfit estimate "
+                "MODEL --gpus N), or use --accelerate-config."
+            )
+
+
+def meta_copy(model: torch.nn.Module, *, detach: tuple[Any, ...] = ()) -> torch.nn.Module:
+    """The module tree of `model` with every parameter and buffer on the meta device (same
+    shape, dtype, strides and requires_grad; tied tensors stay tied). Objects in `detach` (a
+    Lightning trainer the module points to) become None in the copy instead of being copied.
+
+    Example:
+        >>> copy = meta_copy(model)   # no memory, nothing of `model` changed
+    """
+    _refuse_unreadable(model)
+    memo: dict[int, Any] = {id(o): None for o in detach}
+    for mod in model.modules():
+        for p in mod._parameters.values():
+            if p is not None and id(p) not in memo:
+                meta = torch.empty_strided(p.shape, p.stride(), dtype=p.dtype, device="meta")
+                memo[id(p)] = torch.nn.Parameter(meta, requires_grad=p.requires_grad)
+        for b in mod._buffers.values():
+            if b is not None and id(b) not in memo:
+                memo[id(b)] = torch.empty_strided(b.shape, b.stride(), dtype=b.dtype,
+                                                  device="meta")  # fmt: skip
+    return copy.deepcopy(model, memo)
+
+
+@dataclass(frozen=True)
+class BatchTemplate:
+    """The shapes and dtypes of a real batch, to make batches like it.
+
+    Attributes:
+        batch_size: the leading dimension shared by every tensor of the batch.
+        seq_len: the sequence length (dimension 1 of `input_ids`, or of the first 2-D tensor
+            of a batch without `input_ids`), or None for a batch without sequences.
+    """
+
+    structure: Any
+    batch_size: int
+    seq_len: int | None
+
+    @classmethod
+    def of(cls, batch: Any) -> BatchTemplate:
+        """The template of `batch` (a dict, a mapping such as transformers' BatchEncoding, a
+        tuple or list, or a tensor)."""
+        if isinstance(batch, Mapping) and not isinstance(batch, dict):
+            batch = dict(batch)
+        leaves = [t for t in pytree.tree_leaves(batch) if isinstance(t, torch.Tensor)]
+        sized = [t for t in leaves if t.dim() >= 1]
+        if not sized:
+            raise BadInputError(
+                f"The first batch ({type(batch).__name__}) holds no tensor with a batch "
+                "dimension, so memfit cannot tell its batch size."
+            )
+        sizes = {int(t.shape[0]) for t in sized}
+        if len(sizes) != 1:
+            raise BadInputError(
+                f"The tensors of the first batch disagree on the batch dimension (dimension 0: "
+                f"{sorted(sizes)}); memfit reads dimension 0 as the batch."
+            )
+        ids = batch.get("input_ids") if isinstance(batch, dict) else None
+        if isinstance(ids, torch.Tensor) and ids.dim() >= 2:
+            seq: int | None = int(ids.shape[1])
+        else:
+            seq = next((int(t.shape[1]) for t in sized if t.dim() == 2), None)
+        structure = pytree.tree_map(_spec_of, batch)
+        return cls(structure=structure, batch_size=sizes.pop(), seq_len=seq)
+
+    def make(self, batch_size: int, seq_len: int | None = None) -> Any:
+        """A batch of the template's structure with `batch_size` rows; with `seq_len`, every
+        dimension after the first that had the template's sequence length gets `seq_len`.
+        Tensors are zeros (on fake tensors, as the estimate calls it, they hold no memory)."""
+        seq = self.seq_len if seq_len is None else seq_len
+
+        def build(leaf: Any) -> Any:
+            if not isinstance(leaf, _TensorSpec):
+                return leaf
+            if not leaf.shape:
+                return torch.zeros((), dtype=leaf.dtype)
+            rest = [seq if d == self.seq_len and seq is not None else d for d in leaf.shape[1:]]
+            return torch.zeros([batch_size, *rest], dtype=leaf.dtype)
+
+        return pytree.tree_map(build, self.structure)
+
+
+@dataclass(frozen=True)
+class _TensorSpec:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _spec_of(leaf: Any) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        return _TensorSpec(tuple(int(d) for d in leaf.shape), leaf.dtype)
+    return leaf
+
+
+def spec_of_run(
+    model: torch.nn.Module,
+    template: BatchTemplate,
+    *,
+    name: str | None = None,
+    build: Callable[[], torch.nn.Module] | None = None,
+    loss: str | None = None,
+) -> ModelSpec:
+    """The ModelSpec of a real run's model: built as a fresh meta copy for each trace (by
+    `build`, else `meta_copy(model)`), fed batches like the first one.
+
+    The traced model's task, inputs and loss are read from `model` as memfit reads any
+    nn.Module (`resolve_model`); `loss` overrides it (a Lightning step returns its loss).
+    """
+    spec = resolve_model(model)
+    make = build if build is not None else (lambda: meta_copy(model))
+
+    def build_copy(_n: int | None, _attention: str) -> torch.nn.Module:
+        return make()
+
+    def make_batch(batch_size: int, seq_len: int | None = None) -> Any:
+        return template.make(batch_size, seq_len)
+
+    changes: dict[str, Any] = {
+        "build": build_copy,
+        "owns_model": True,  # a copy memfit made: its checkpointing may be changed
+        "make_batch": make_batch,
+        "name": name or spec.name,
+    }
+    if loss is not None:
+        changes["loss"] = loss
+        changes["notes"] = []
+    return dataclasses.replace(spec, **changes)
+
+
+# ----------------------------------------------------------------------------- checkpointing
+
+
+def _hf_checkpointed(model: torch.nn.Module) -> list[str]:
+    """Paths of the modules transformers checkpoints (`gradient_checkpointing` set True by
+    `activation_checkpointing_enable`), outermost first."""
+    return [
+        n for n, m in model.named_modules() if getattr(m, "gradient_checkpointing", False) is True
+    ]
+
+
+def checkpointing_of(model: torch.nn.Module) -> tuple[str, int | None, list[str]]:
+    """How transformers' activation checkpointing of `model` reads as memfit's:
+    ("off", None, notes), ("blocks", None, notes) for every repeated block, ("blocks", k,
+    notes) for the first k. Checkpointing memfit cannot express (every n-th layer, offloaded
+    saved tensors, modules that are not the repeated blocks) raises BadInputError.
+
+    `strip_hf_checkpointing` then turns transformers' own off in the meta copy, since the
+    trace wraps the same blocks with memfit's non-reentrant checkpoint.
+    """
+    marked = _hf_checkpointed(model)
+    if not marked:
+        return "off", None, []
+    blocks = find_repeated_blocks(model)
+    layers = [n for n in marked if n in blocks]
+    container = [n for n in marked if n not in blocks]
+    # The model class (LongT5Stack-like) may carry the flag itself; only layers checkpoint.
+    container = [n for n in container if not any(b.startswith(n + ".") or n == "" for b in blocks)]
+    if container:
+        raise BadInputError(
+            f"transformers checkpoints {container[:3]!r}, which are not the model's repeated "
+            f"blocks ({blocks[:2]!r}, ...): memfit does not model that checkpointing."
+        )
+    notes: list[str] = []
+    func = None
+    for n in layers:
+        func = getattr(model.get_submodule(n), "_gradient_checkpointing_func", func)
+    if isinstance(func, functools.partial):
+        from torch.utils.checkpoint import checkpoint
+
+        if func.func is not checkpoint:
+            raise BadInputError(
+                "transformers' activation checkpointing here offloads the saved block inputs "
+                "(activation_checkpointing_kwargs offload=True), which memfit does not model. "
+                "Drop the offload, or estimate Workload(checkpointing='blocks', "
+                "offload_activations='save_on_cpu') for a bound."
+            )
+        if func.keywords.get("use_reentrant") is True:
+            notes.append(
+                "transformers checkpoints with use_reentrant=True; memfit traces the "
+                "non-reentrant checkpoint (the same saved block inputs)."
+            )
+    if layers == blocks:
+        return "blocks", None, notes
+    if layers == blocks[: len(layers)]:
+        return "blocks", len(layers), notes
+    raise BadInputError(
+        f"transformers checkpoints {len(layers)} of {len(blocks)} blocks, not the first ones "
+        f"(e.g. every_n_layers > 1: {layers[:3]!r}); memfit models checkpointing every block "
+        "or the first k. Use every_n_layers=1."
+    )
+
+
+def strip_hf_checkpointing(model: torch.nn.Module) -> torch.nn.Module:
+    """Turn transformers' activation checkpointing off in a copy (memfit wraps the blocks)."""
+    for n in _hf_checkpointed(model):
+        setattr(model.get_submodule(n), "gradient_checkpointing", False)  # noqa: B010
+    return model
+
+
+# ----------------------------------------------------------------------------- precision
+
+
+def precision_of(model: torch.nn.Module, autocast: str | None, *, who: str) -> str:
+    """memfit's precision recipe for `model` trained under `autocast` ("float16",
+    "bfloat16" or None). Trainable parameters in 16 bits mean a pure 16-bit model ("-true");
+    fp32 trainable parameters with autocast mean "-mixed". `who` names the setting for errors.
+    """
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    dtypes = {p.dtype for p in (trainable or list(model.parameters()))}
+    if dtypes == {torch.float32}:
+        return {None: "fp32", "float16": "fp16-mixed", "bfloat16": "bf16-mixed"}[autocast]
+    if dtypes in ({torch.bfloat16}, {torch.float16}):
+        pure = "bf16-true" if dtypes == {torch.bfloat16} else "fp16-true"
+        if autocast is not None and autocast != str(next(iter(dtypes))).removeprefix("torch."):
+            raise BadInputError(
+                f"The trainable parameters are {next(iter(dtypes))} and {who} runs autocast to "
+                f"{autocast}: memfit does not model that mix. Use one 16-bit type."
+            )
+        return pure
+    raise BadInputError(
+        f"The trainable parameters mix dtypes {sorted(str(d) for d in dtypes)}: memfit models "
+        "fp32 weights (with or without autocast) or all-16-bit weights. Cast them to one dtype."
+    )
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+def optimizer_layout(optimizer: Any) -> str:
+    """memfit's optimizer name (workload.OPTIMIZERS) for a real optimizer instance; an
+    optimizer memfit has no layout for raises BadInputError naming it.
+
+    An accelerate `AcceleratedOptimizer` or Lightning wrapper is looked through.
+    """
+    if optimizer is None:
+        return "none"
+    inner = optimizer
+    while isinstance(getattr(inner, "optimizer", None), torch.optim.Optimizer):
+        inner = inner.optimizer
+    cls = type(inner)
+    module, name = cls.__module__, cls.__name__
+    defaults = getattr(inner, "defaults", {})
+    if module.startswith("torch.optim"):
+        if name == "AdamW":
+            return "adamw-fused" if defaults.get("fused") else "adamw"
+        if name == "Adam":
+            return "adamw-fused" if defaults.get("fused") else "adam"
+        if name == "SGD":
+            return "sgd-momentum" if defaults.get("momentum") else "sgd"
+        if name == "Adafactor":
+            return "adafactor"
+    if module.startswith("transformers") and name == "Adafactor":
+        return "adafactor"
+    bits = None
+    if module.startswith("bitsandbytes"):
+        bits = int(getattr(getattr(inner, "args", None), "optim_bits", 32))
+        paged = bool(getattr(inner, "is_paged", False))
+        if name in ("AdamW", "AdamW8bit", "AdamW32bit", "PagedAdamW", "PagedAdamW8bit",
+                    "PagedAdamW32bit"):  # fmt: skip
+            if bits == 8:
+                return "paged-adamw-8bit" if paged else "adamw-8bit"
+            if paged:
+                return "paged-adamw"
+        if name in ("Lion", "Lion32bit") and bits == 32 and not paged:
+            return "lion"
+    raise BadInputError(
+        f"memfit has no memory layout for the optimizer {module}.{name}"
+        f"{f' ({bits}-bit)' if bits is not None else ''}. "
+        "It models torch AdamW / Adam / SGD / Adafactor, transformers' Adafactor and "
+        "bitsandbytes' AdamW8bit, PagedAdamW, PagedAdamW8bit and 32-bit Lion "
+        "(docs/integrations.md lists every `optim` name)."
+    )

@@ -1,0 +1,238 @@
+"""What both trainer callbacks do, whichever trainer calls them: estimate the run read from the
+trainer, print the report and the verdict, plan when it will not fit, measure the first steps
+and compare them with the estimate.
+
+The trainer-specific modules (`memfit.integrations.transformers`, `.lightning`) only read
+their trainer into a `RunReading` and turn a plan into their trainer's settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from memfit.errors import BadInputError, MemfitError
+from memfit.estimator.estimate import Estimate, estimate
+from memfit.measurement.measure import Measurement, measure
+from memfit.models.sources import ModelSpec
+from memfit.planner.search import Goal, Plan, plan
+from memfit.report.text import render_text
+from memfit.units import format_bytes
+from memfit.workload import Workload
+
+__all__ = ["Comparison", "RunReading", "Session", "WontFitError"]
+
+#: Planner techniques a trainer's own settings cannot express (they need memfit.apply_ or
+#: code changes): the plan a callback suggests leaves them out, so that every change it names
+#: is a setting of the trainer.
+NOT_TRAINER_SETTINGS = (
+    "offload",
+    "cpu-embedding",
+    "optimizer-in-backward",
+    "activation-offload",
+    "chunked-loss",
+    "fsdp-offload",
+    "pure-precision",
+)
+
+#: Relative difference between the measured peak and the estimate that the callbacks report as
+#: agreement: docs/accuracy.md's target for `max_memory_allocated` (median within 2 %).
+AGREEMENT = 0.02
+
+
+class WontFitError(MemfitError):
+    """The run will not fit the GPU: raised by a callback before the first step, with the
+    settings to change in its message (and on `changes`)."""
+
+    def __init__(self, message: str, changes: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.changes = changes or {}
+
+
+@dataclass(frozen=True)
+class RunReading:
+    """A run read from a trainer: what to estimate, and what the reading assumed."""
+
+    spec: ModelSpec
+    workload: Workload
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Estimate against measurement of the first steps.
+
+    Attributes:
+        device: where the steps ran ("cpu" or "cuda:N").
+        estimated: the estimate's peak allocated bytes, less the cuBLAS workspaces on a CPU
+            (a CPU has none).
+        measured: the measured peak allocated bytes (on CUDA, `max_memory_allocated`).
+        relative: (measured - estimated) / estimated.
+    """
+
+    device: str
+    estimated: int
+    measured: int
+    steps: int
+
+    @property
+    def relative(self) -> float:
+        return (self.measured - self.estimated) / self.estimated if self.estimated else 0.0
+
+    @property
+    def agrees(self) -> bool:
+        return abs(self.relative) <= AGREEMENT
+
+    def __str__(self) -> str:
+        where = "CPU tracker, no CUDA workspaces" if self.device == "cpu" else self.device
+        return (
+            f"memfit: measured {self.steps} step(s) on {where}: peak allocated "
+            f"{format_bytes(self.measured)} ({self.measured:,} B) against the estimate's "
+            f"{format_bytes(self.estimated)} ({self.estimated:,} B): {self.relative:+.2%}"
+            f"{'' if self.agrees else f' (beyond the {AGREEMENT:.0%} of docs/accuracy.md)'}."
+        )
+
+
+@dataclass
+class Session:
+    """One run's estimate, plan and measurement (see the module docstring)."""
+
+    gpu: str | None
+    measure_steps: int
+    stop: bool
+    print_fn: Callable[[str], None]
+    estimate: Estimate | None = None
+    plan: Plan | None = None
+    comparison: Comparison | None = None
+    reading: RunReading | None = None
+    _measurement: Measurement | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.measure_steps, bool)
+            or not isinstance(self.measure_steps, int)
+            or (self.measure_steps < 0)
+        ):
+            raise BadInputError(
+                f"measure_steps must be a number of steps >= 0, got {self.measure_steps!r}."
+            )
+
+    def run_estimate(self, reading: RunReading, device: torch.device | str | None) -> Estimate:
+        """Estimate the run for the named GPU, else the CUDA device in use; print it."""
+        self.reading = reading
+        gpu = self.gpu or _gpu_of(device, self.print_fn)
+        self.estimate = estimate(reading.spec, reading.workload.with_(gpu=gpu))
+        self.estimate.notes.extend(reading.notes)
+        self.print_fn("memfit: estimate of this run\n" + render_text(self.estimate))
+        return self.estimate
+
+    def check_fit(
+        self,
+        describe: Callable[[Workload], tuple[dict[str, Any], list[str], list[str]]],
+        current: Callable[[], dict[str, Any]],
+    ) -> None:
+        """When the estimate does not fit its GPU: plan, and raise WontFitError naming the
+        trainer settings to change (`describe(workload)` gives them, notes on them, and what
+        the settings cannot express; `current()` the settings now), or only print it when
+        `stop` is False."""
+        est = self.estimate
+        if est is None or est.fits is not False:
+            return
+        assert self.reading is not None
+        w = self.reading.workload
+        per_gpu = w.batch_size * w.grad_accum
+
+        def plan_keeping(optimizer: str | None) -> Plan:
+            goal = Goal(global_batch=per_gpu * w.gpus, seq_len=w.seq_len, optimizer=optimizer)
+            assert self.reading is not None
+            return plan(self.reading.spec, gpu=est.gpu.name, goal=goal, n_gpus=w.gpus,
+                        forbid=NOT_TRAINER_SETTINGS)  # fmt: skip
+
+        # The run's own optimizer first (another one changes the training), then any.
+        p = plan_keeping(w.optimizer)
+        if p.best is None:
+            p = plan_keeping(None)
+        self.plan = p
+        need = format_bytes(est.profile.device_total_bytes)
+        head = (
+            f"memfit: this run will not fit {est.gpu.display_name}: one step needs {need} of "
+            f"{format_bytes(est.gpu.total_memory_bytes)} (nvidia-smi's count)."
+        )
+        changes: dict[str, Any] = {}
+        if p.best is None:
+            tips = "; ".join(p.suggestions) or "no configuration memfit searches fits"
+            message = f"{head} No setting of the trainer makes it fit: {tips}."
+        else:
+            changes, notes, other = describe(p.best.workload)
+            now = current()
+            listed = ", ".join(f"{k}={v!r} (now {now.get(k)!r})" for k, v in changes.items())
+            fit = format_bytes(p.best.estimate.profile.device_total_bytes)
+            message = f"{head} Change: {listed}; then one step needs {fit}."
+            if notes or other:
+                message += " Note: " + "; ".join(notes + other) + "."
+        if self.stop:
+            raise WontFitError(message + " Stopped before the first step.", changes)
+        self.print_fn(message)
+
+    # ------------------------------------------------------------------ measurement
+
+    def start_measuring(self, model: torch.nn.Module, optimizer: Any) -> None:
+        if self.measure_steps == 0 or self._measurement is not None or self.comparison:
+            return
+        inner = optimizer
+        while isinstance(getattr(inner, "optimizer", None), torch.optim.Optimizer):
+            inner = inner.optimizer
+        opt = inner if isinstance(inner, torch.optim.Optimizer) else None
+        self._measurement = measure(model, opt)
+        self._measurement.__enter__()
+
+    @property
+    def measuring(self) -> bool:
+        return self._measurement is not None
+
+    def stop_measuring(self, error: BaseException | None = None) -> Comparison | None:
+        """End the measurement; compare it with the estimate (and print both), or with an
+        out-of-memory `error`, print what held the memory."""
+        m = self._measurement
+        if m is None:
+            return None
+        self._measurement = None
+        if isinstance(error, torch.OutOfMemoryError):
+            # The block re-raises the same error, with the report attached.
+            with contextlib.suppress(torch.OutOfMemoryError):
+                m.__exit__(type(error), error, error.__traceback__)
+            self.print_fn(
+                "memfit: out of memory during the measured steps\n" + (m.oom_report or "")
+            )
+            return None
+        m.__exit__(None, None, None)
+        if self.estimate is None or m.profile is None:
+            return None
+        est = self.estimate.profile
+        cuda = m.device.startswith("cuda")
+        if cuda and m.cuda_max_allocated is not None:
+            measured, estimated = m.cuda_max_allocated, est.peak_allocated_bytes
+        else:  # a CPU has no cuBLAS workspace; the tracker counts what the estimate does
+            measured = m.profile.peak_allocated_bytes
+            estimated = est.peak_allocated_bytes - est.breakdown.get("workspaces", 0)
+        self.comparison = Comparison(m.device, estimated, measured, m.steps)
+        self.print_fn(str(self.comparison))
+        return self.comparison
+
+
+def _gpu_of(device: torch.device | str | None, print_fn: Callable[[str], None]) -> str | None:
+    """The catalog name of the CUDA device in use, or None (no verdict) on another device."""
+    if device is None or torch.device(device).type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(torch.device(device))
+    from memfit.cuda.target import get_gpu
+
+    try:
+        return get_gpu(name).name
+    except BadInputError as e:
+        print_fn(f"memfit: {e} Pass gpu=... to the callback for a verdict.")
+        return None

@@ -1,0 +1,193 @@
+"""`memfit.integrations.transformers`: a real Trainer on CPU with the callback, its estimate
+against memfit's of the same configuration, the measured steps against the estimate, and the
+stop before the first step on a GPU too small."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+import memfit  # noqa: E402
+from memfit.errors import BadInputError  # noqa: E402
+from memfit.integrations._reading import optimizer_layout  # noqa: E402
+from memfit.integrations._session import AGREEMENT  # noqa: E402
+from memfit.integrations.transformers import (  # noqa: E402
+    OPTIM_LAYOUTS,
+    MemfitCallback,
+    WontFitError,
+    training_arguments_for,
+)
+from tests.conftest import tiny_gpt2  # noqa: E402
+
+SEQ, BATCH, VOCAB = 32, 4, 100
+
+
+class _Tokens(torch.utils.data.Dataset):
+    """Causal-LM samples: `input_ids` and `labels` of SEQ tokens (memfit's own batch keys)."""
+
+    def __init__(self, seq: int = SEQ, vocab: int = VOCAB) -> None:
+        self.seq, self.vocab = seq, vocab
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, self.vocab, (self.seq,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def _args(tmp_path, **kw):
+    kw.setdefault("per_device_train_batch_size", BATCH)
+    return transformers.TrainingArguments(
+        str(tmp_path), max_steps=2, use_cpu=True, report_to=[], save_strategy="no",
+        logging_strategy="no", disable_tqdm=True, **kw,
+    )  # fmt: skip
+
+
+def _train(model, args, callbacks, dataset=None):
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset or _Tokens(),
+                                   callbacks=callbacks)  # fmt: skip
+    trainer.train()
+    return trainer
+
+
+def _quiet(_text: str) -> None:
+    pass
+
+
+def _same_estimate(got: memfit.Estimate, want: memfit.Estimate) -> None:
+    assert got.profile.peak_allocated_bytes == want.profile.peak_allocated_bytes
+    assert got.profile.breakdown == want.profile.breakdown
+    assert got.trainable_parameter_count == want.trainable_parameter_count
+
+
+def test_full_fine_tune_estimate_is_memfits_and_the_measurement_agrees(tmp_path):
+    lines: list[str] = []
+    cb = MemfitCallback(print_fn=lines.append)
+    _train(tiny_gpt2(2, n_positions=SEQ), _args(tmp_path), [cb])
+    # transformers 5 defaults to optim="adamw_torch_fused": torch AdamW(fused=True).
+    w = memfit.Workload(batch_size=BATCH, seq_len=SEQ, optimizer="adamw-fused")
+    assert cb.estimate.workload == w
+    _same_estimate(cb.estimate, memfit.estimate(tiny_gpt2(2, n_positions=SEQ), w))
+    c = cb.comparison
+    assert c is not None and c.device == "cpu" and c.steps == 2
+    # The estimate less its cuBLAS workspaces, against the tracker over the real CPU steps.
+    est = cb.estimate.profile
+    assert c.estimated == est.peak_allocated_bytes - est.breakdown["workspaces"] == 1_565_696
+    assert c.measured == 1_570_304  # +0.29 %: the Trainer's loop (loss kept for logging, ...)
+    assert abs(c.relative) <= AGREEMENT
+    assert lines[0].startswith("memfit: estimate of this run\nGPT2LMHeadModel: 29,696 parameters")
+    assert lines[-1] == str(c)
+
+
+def test_lora_through_peft_is_read_from_the_model(tmp_path):
+    model = peft.get_peft_model(
+        tiny_gpt2(2, n_positions=SEQ),
+        peft.LoraConfig(r=4, target_modules=["c_attn"], lora_dropout=0.0),
+    )
+    cb = MemfitCallback(print_fn=_quiet)
+    _train(model, _args(tmp_path), [cb])
+    lora = memfit.LoraConfig(rank=4, targets=("c_attn",))
+    w = memfit.Workload(batch_size=BATCH, seq_len=SEQ, optimizer="adamw-fused", lora=lora)
+    want = memfit.estimate(tiny_gpt2(2, n_positions=SEQ), w)
+    _same_estimate(cb.estimate, want)
+    assert cb.estimate.trainable_parameter_count == 1024  # 2 blocks x r(32 + 96)
+    assert abs(cb.comparison.relative) <= AGREEMENT
+
+
+def test_checkpointing_and_accumulation_are_read_and_training_is_unchanged(tmp_path):
+    def trained(callbacks):
+        model = tiny_gpt2(2, n_positions=SEQ)
+        args = _args(tmp_path, gradient_accumulation_steps=2, activation_checkpointing=True)
+        _train(model, args, callbacks)
+        return [p.detach().clone() for p in model.parameters()]
+
+    cb = MemfitCallback(print_fn=_quiet)
+    with_cb = trained([cb])
+    w = memfit.Workload(batch_size=BATCH, seq_len=SEQ, optimizer="adamw-fused", grad_accum=2,
+                        checkpointing="blocks")  # fmt: skip
+    assert cb.estimate.workload == w
+    _same_estimate(cb.estimate, memfit.estimate(tiny_gpt2(2, n_positions=SEQ), w))
+    assert abs(cb.comparison.relative) <= AGREEMENT
+    # The callback reads the first batch and measures two steps: the run trains the same.
+    assert all(torch.equal(a, b) for a, b in zip(trained([]), with_cb, strict=True))
+
+
+def test_a_gpu_too_small_stops_before_the_first_step(tmp_path):
+    seq, vocab, batch = 64, 1000, 32
+    model = tiny_gpt2(2, n_positions=seq, vocab=vocab)
+    before = [p.detach().clone() for p in model.parameters()]
+    args = _args(tmp_path, per_device_train_batch_size=batch)
+    cb = MemfitCallback(gpu="rtx-4090@560MiB", print_fn=_quiet)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens(seq, vocab),
+                                   callbacks=[cb])  # fmt: skip
+    with pytest.raises(WontFitError) as err:
+        trainer.train()
+    assert trainer.state.global_step == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    message = str(err.value)
+    assert "will not fit NVIDIA GeForce RTX 4090 limited to 0.55 GiB" in message
+    assert "one step needs 578.00 MiB of 560.00 MiB" in message
+    assert "per_device_train_batch_size=4 (now 32)" in message
+    assert "gradient_accumulation_steps=8 (now 1)" in message
+    assert err.value.changes == {"per_device_train_batch_size": 4,
+                                 "gradient_accumulation_steps": 8, "bf16": True}  # fmt: skip
+    # The same changes through the helper, and the plan is memfit's estimate of them.
+    new = training_arguments_for(cb.plan, args)
+    got = (new.per_device_train_batch_size, new.gradient_accumulation_steps, new.bf16)
+    assert got == (4, 8, True)
+    assert args.per_device_train_batch_size == batch  # the original is left alone
+    planned = memfit.estimate(tiny_gpt2(2, n_positions=seq, vocab=vocab), cb.plan.best.workload)
+    assert planned.profile.device_total_bytes == cb.plan.best.estimate.profile.device_total_bytes
+    assert planned.fits
+
+
+def test_an_optimizer_memfit_does_not_model_is_said_and_training_goes_on(tmp_path):
+    lines: list[str] = []
+    cb = MemfitCallback(print_fn=lines.append)
+    trainer = _train(tiny_gpt2(2, n_positions=SEQ), _args(tmp_path, optim="rmsprop"), [cb])
+    assert trainer.state.global_step == 2 and cb.estimate is None
+    assert lines[0].startswith(
+        "memfit: this run was not estimated: memfit has no memory layout for the optimizer "
+        "torch.optim.rmsprop.RMSprop."
+    )
+    with pytest.raises(BadInputError, match="RMSprop"):
+        _train(tiny_gpt2(2, n_positions=SEQ), _args(tmp_path, optim="rmsprop"),
+               [MemfitCallback(strict=True, print_fn=_quiet)])  # fmt: skip
+
+
+def test_the_optim_table_covers_every_name_of_the_installed_transformers():
+    from transformers.training_args import OptimizerNames
+
+    assert {o.value for o in OptimizerNames} == set(OPTIM_LAYOUTS)
+    from memfit.workload import OPTIMIZERS
+
+    assert {v for v, _ in OPTIM_LAYOUTS.values() if v is not None} <= set(OPTIMIZERS)
+
+
+@pytest.mark.parametrize(
+    ("make", "name"),
+    [
+        (lambda ps: torch.optim.AdamW(ps), "adamw"),
+        (lambda ps: torch.optim.AdamW(ps, fused=True), "adamw-fused"),
+        (lambda ps: torch.optim.SGD(ps, lr=0.1), "sgd"),
+        (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), "sgd-momentum"),
+        (lambda ps: torch.optim.Adafactor(ps), "adafactor"),
+        (lambda ps: transformers.optimization.Adafactor(ps, relative_step=False), "adafactor"),
+    ],
+)
+def test_optimizer_instances_are_read(make, name):
+    params = [torch.nn.Parameter(torch.zeros(4))]
+    assert optimizer_layout(make(params)) == name
+
+
+def test_training_arguments_for_refuses_what_arguments_cannot_say(tmp_path):
+    args = _args(tmp_path)
+    pure = memfit.Workload(batch_size=2, seq_len=SEQ, precision="bf16-true")
+    with pytest.raises(BadInputError, match="load the model in bfloat16"):
+        training_arguments_for(pure, args)
+    new = training_arguments_for(memfit.Workload(batch_size=2, optimizer="adamw-8bit"), args)
+    assert (new.per_device_train_batch_size, new.optim) == (2, "adamw_bnb_8bit")
