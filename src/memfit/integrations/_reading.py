@@ -162,12 +162,14 @@ def spec_of_run(
     name: str | None = None,
     build: Callable[[], torch.nn.Module] | None = None,
     loss: str | None = None,
+    wrap_batch: Callable[[Any], Any] | None = None,
 ) -> ModelSpec:
     """The ModelSpec of a real run's model: built as a fresh meta copy for each trace (by
     `build`, else `meta_copy(model)`), fed batches like the first one.
 
     The traced model's task, inputs and loss are read from `model` as memfit reads any
-    nn.Module (`resolve_model`); `loss` overrides it (a Lightning step returns its loss).
+    nn.Module (`resolve_model`); `loss` overrides it (a Lightning step returns its loss), and
+    `wrap_batch` wraps each batch made (so that the traced module gets it as one argument).
     """
     spec = resolve_model(model)
     make = build if build is not None else (lambda: meta_copy(model))
@@ -176,7 +178,8 @@ def spec_of_run(
         return make()
 
     def make_batch(batch_size: int, seq_len: int | None = None) -> Any:
-        return template.make(batch_size, seq_len)
+        batch = template.make(batch_size, seq_len)
+        return wrap_batch(batch) if wrap_batch is not None else batch
 
     changes: dict[str, Any] = {
         "build": build_copy,

@@ -109,6 +109,8 @@ class Session:
     plan: Plan | None = None
     comparison: Comparison | None = None
     reading: RunReading | None = None
+    #: The measurement of the first steps, once they ran.
+    measurement: Measurement | None = None
     _measurement: Measurement | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -201,6 +203,7 @@ class Session:
         if m is None:
             return None
         self._measurement = None
+        self.measurement = m
         if isinstance(error, torch.OutOfMemoryError):
             # The block re-raises the same error, with the report attached.
             with contextlib.suppress(torch.OutOfMemoryError):

@@ -1,0 +1,260 @@
+"""The Lightning callback's logic, for either namespace (`lightning.pytorch` and
+`pytorch_lightning` have distinct Callback classes): memfit.integrations.lightning and
+memfit.integrations.pytorch_lightning subclass their namespace's Callback with `LightningHooks`.
+
+What it reads at the first `on_train_batch_start` (the batch is at hand, the optimizer built):
+the LightningModule as the trainer set it up (its precision plugin's cast, frozen parameters,
+LoRA, transformers' activation checkpointing inside it), the trainer's precision, gradient
+accumulation and strategy, the optimizer, and the batch's shapes. The traced step is the
+module's own `training_step(batch, 0)` on a meta copy of the module (detached from the
+trainer, so `self.log` does nothing there), its loss the step's returned loss.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+from memfit.errors import BadInputError, TraceError
+from memfit.estimator.step_runner import traced_micro_batches
+from memfit.estimator.tracker import Tracker
+from memfit.events import Category
+from memfit.integrations._reading import (
+    BatchTemplate,
+    checkpointing_of,
+    meta_copy,
+    optimizer_layout,
+    precision_of,
+    spec_of_run,
+    strip_hf_checkpointing,
+)
+from memfit.integrations._session import Comparison, RunReading, Session
+from memfit.workload import Workload
+
+#: Lightning precision -> the autocast dtype it runs ("-true" precisions cast the module, which
+#: `precision_of` reads from the parameters).
+_AUTOCAST = {
+    "32-true": None, "32": None, "bf16-mixed": "bfloat16", "16-mixed": "float16",
+    "bf16-true": None, "16-true": None,
+}  # fmt: skip
+
+
+class _Batch:
+    """One batch handed to the traced step as one argument (memfit's step would unpack a tuple
+    batch as (inputs, targets))."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+class _TrainingStep(torch.nn.Module):
+    """A LightningModule's `training_step(batch, 0)` as a module's forward (its loss out).
+
+    Note: [Lightning zeroes gradients after the next forward]
+        Lightning's automatic optimization runs `training_step`, *then* `zero_grad` (in its
+        Closure, on the first micro-batch of each accumulation window), then backward: the
+        previous step's gradients are alive through the next forward. memfit's traced loop
+        zeroes them right after the optimizer step. To trace what Lightning runs, the forward
+        of each step after the first (first micro-batch only) holds gradient-sized tensors,
+        marked as gradients, freed when the forward returns, as Lightning's `zero_grad` frees
+        the real ones.
+    """
+
+    def __init__(self, module: torch.nn.Module, micro_batches: int) -> None:
+        super().__init__()
+        self.module = module
+        self.micro_batches = micro_batches
+        self.calls = 0
+
+    def forward(self, batch: _Batch) -> Any:
+        step, micro = divmod(self.calls, self.micro_batches)
+        self.calls += 1
+        held = self._previous_gradients() if self.training and step > 0 and micro == 0 else []
+        with warnings.catch_warnings():  # self.log without a trainer: a warning per call
+            warnings.simplefilter("ignore")
+            out = self.module.training_step(batch.value, 0)  # type: ignore[operator]
+        del held  # Lightning's zero_grad, before backward
+        return out
+
+    def _previous_gradients(self) -> list[torch.Tensor]:
+        tracker = next((m for m in _get_current_dispatch_mode_stack() if isinstance(m, Tracker)),
+                       None)  # fmt: skip
+        held = []
+        for p in dict.fromkeys(self.parameters()):
+            if p.requires_grad:
+                g = torch.empty_like(p)
+                if tracker is not None:
+                    tracker.mark(g, Category.GRADIENTS)
+                held.append(g)
+        return held
+
+
+def read_run(trainer: Any, pl_module: torch.nn.Module, batch: Any) -> RunReading:
+    """The Workload and ModelSpec of a Lightning run; BadInputError for what memfit does not
+    model (several processes, manual optimization, several optimizers, other precisions)."""
+    if int(getattr(trainer, "world_size", 1) or 1) > 1:
+        raise BadInputError(
+            f"The trainer runs {trainer.world_size} processes ({type(trainer.strategy).__name__}); "
+            "the callback reads single-process runs. Estimate a sharded run with "
+            "memfit.estimate(model, Workload(gpus=N)) (FSDP2)."
+        )
+    if not getattr(pl_module, "automatic_optimization", True):
+        raise BadInputError(
+            "The LightningModule uses manual optimization (automatic_optimization=False): "
+            "memfit traces one training_step with the trainer's backward and step."
+        )
+    optimizers = list(getattr(trainer, "optimizers", []) or [])
+    if len(optimizers) > 1:
+        raise BadInputError(
+            f"configure_optimizers returned {len(optimizers)} optimizers; memfit models one."
+        )
+    precision = str(trainer.precision)
+    if precision not in _AUTOCAST:
+        raise BadInputError(
+            f"Trainer(precision={precision!r}) is not modelled; memfit models "
+            f"{', '.join(repr(p) for p in _AUTOCAST)}."
+        )
+    template = BatchTemplate.of(batch)
+    checkpointing, first, notes = checkpointing_of(pl_module)
+    workload = Workload(
+        batch_size=template.batch_size,
+        seq_len=template.seq_len,
+        precision=precision_of(
+            pl_module, _AUTOCAST[precision], who=f"Trainer(precision={precision!r})"
+        ),
+        optimizer=optimizer_layout(optimizers[0] if optimizers else None),
+        grad_accum=int(trainer.accumulate_grad_batches),
+        checkpointing=checkpointing,
+        checkpoint_first=first,
+    )
+
+    def build() -> torch.nn.Module:
+        copy = strip_hf_checkpointing(meta_copy(pl_module, detach=(trainer,)))
+        return _TrainingStep(copy, traced_micro_batches(workload))
+
+    spec = spec_of_run(pl_module, template, name=type(pl_module).__name__, build=build,
+                       loss="sum", wrap_batch=_Batch)  # fmt: skip
+    notes.append(
+        "Lightning zeroes gradients after the next training_step, so the previous step's "
+        "gradients are alive through each forward; the trace holds them there."
+    )
+    return RunReading(spec=spec, workload=workload, notes=tuple(notes))
+
+
+class LightningHooks:
+    """The callback's hooks (see the module docstring); mixed into a namespace's Callback.
+
+    Args:
+        gpu: the GPU to size for (a catalog name or a budget, "rtx-4090@12GiB"); None: the
+            CUDA device the module is on (no verdict on a CPU run).
+        measure_steps: optimizer steps measured (memfit.measure) and compared; 0: none.
+        stop: raise WontFitError before the first step when the run will not fit.
+        strict: raise when the run cannot be estimated, instead of printing why.
+        print_fn: where reports go (print).
+    """
+
+    def __init__(
+        self,
+        gpu: str | None = None,
+        *,
+        measure_steps: int = 2,
+        stop: bool = True,
+        strict: bool = False,
+        print_fn: Callable[[str], None] = print,
+    ) -> None:
+        super().__init__()
+        self.session = Session(gpu=gpu, measure_steps=measure_steps, stop=stop, print_fn=print_fn)
+        self.strict = strict
+        self._read = False
+        self._measure_until = 0
+
+    @property
+    def estimate(self) -> Any:
+        return self.session.estimate
+
+    @property
+    def plan(self) -> Any:
+        return self.session.plan
+
+    @property
+    def comparison(self) -> Comparison | None:
+        return self.session.comparison
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
+                             batch_idx: int) -> None:  # fmt: skip
+        s = self.session
+        if self._read:
+            return
+        self._read = True
+        try:
+            reading = read_run(trainer, pl_module, batch)
+            s.run_estimate(reading, pl_module.device)
+        except (BadInputError, TraceError) as e:
+            if self.strict:
+                raise
+            s.print_fn(f"memfit: this run was not estimated: {e}")
+        else:
+            s.check_fit(
+                lambda w: argument_changes(w, trainer, reading.workload),
+                lambda: current_settings(trainer, reading.workload),
+            )
+        if s.measure_steps:
+            self._measure_until = trainer.global_step + s.measure_steps
+            optimizers = list(getattr(trainer, "optimizers", []) or [])
+            s.start_measuring(pl_module, optimizers[0] if optimizers else None)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:  # fmt: skip
+        if self.session.measuring and trainer.global_step >= self._measure_until:
+            self.session.stop_measuring()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.session.measuring:
+            self.session.stop_measuring()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """An out-of-memory error in the measured steps: what held the memory is printed."""
+        if self.session.measuring:
+            self.session.stop_measuring(exception)
+
+
+def current_settings(trainer: Any, now: Workload) -> dict[str, Any]:
+    """The settings `argument_changes` may change, as they are now."""
+    return {
+        "batch_size": now.batch_size,
+        "accumulate_grad_batches": trainer.accumulate_grad_batches,
+        "precision": str(trainer.precision),
+    }
+
+
+_PRECISION_OF = {"fp32": "32-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed",
+                 "bf16-true": "bf16-true", "fp16-true": "16-true"}  # fmt: skip
+
+
+def argument_changes(
+    w: Workload, trainer: Any, now: Workload
+) -> tuple[dict[str, Any], list[str], list[str]]:
+    """(changes, notes, missing): the Trainer arguments (and the DataLoader's batch size) that
+    turn the run `now` into workload `w`; what no Trainer argument expresses, in words."""
+    changes: dict[str, Any] = {"batch_size": w.batch_size}
+    notes = ["batch_size is the DataLoader's (or the LightningDataModule's)"]
+    other: list[str] = []
+    if w.grad_accum != trainer.accumulate_grad_batches:
+        changes["accumulate_grad_batches"] = w.grad_accum
+    if _PRECISION_OF[w.precision] != str(trainer.precision):
+        changes["precision"] = _PRECISION_OF[w.precision]
+    if w.optimizer != now.optimizer:
+        other.append(f"the optimizer {w.optimizer} (memfit's name) in configure_optimizers")
+    if w.checkpointing == "blocks" and now.checkpointing != "blocks":
+        other.append(
+            "checkpoint the repeated blocks (model.activation_checkpointing_enable() for a "
+            "transformers model, or torch.utils.checkpoint in the module)"
+        )
+    if w.gpus > 1:
+        changes["strategy"] = "fsdp"
+        changes["devices"] = w.gpus
+    return changes, notes, other

@@ -1,0 +1,95 @@
+"""`memfit.integrations.lightning` / `.pytorch_lightning`: a real Lightning fit on CPU with the
+callback, its estimate against memfit's, the measured steps, and the stop before the first step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+L = pytest.importorskip("lightning")
+pl = pytest.importorskip("pytorch_lightning")
+
+import memfit  # noqa: E402
+from memfit.events import Category  # noqa: E402
+from memfit.integrations._session import AGREEMENT  # noqa: E402
+from memfit.integrations.lightning import MemfitCallback, WontFitError  # noqa: E402
+from tests.conftest import tiny_gpt2  # noqa: E402
+from tests.integrations.test_transformers import _Tokens  # noqa: E402
+
+SEQ, BATCH, VOCAB = 32, 4, 100
+
+
+def _module(base, seq=SEQ, vocab=VOCAB):
+    class CausalLM(base):
+        def __init__(self):
+            super().__init__()
+            self.model = tiny_gpt2(2, n_positions=seq, vocab=vocab)
+
+        def forward(self, **batch):
+            return self.model(**batch)
+
+        def training_step(self, batch, batch_idx):
+            loss = self(**batch).loss
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    return CausalLM()
+
+
+def _fit(lightning, callback, module=None, batch=BATCH, dataset=None, **kw):
+    trainer = lightning.Trainer(
+        accelerator="cpu", max_steps=2, callbacks=[callback], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, **kw,
+    )  # fmt: skip
+    module = module or _module(lightning.LightningModule)
+    loader = torch.utils.data.DataLoader(dataset or _Tokens(), batch_size=batch)
+    trainer.fit(module, loader)
+    return trainer, module
+
+
+def test_lightning_fit_is_estimated_and_measured():
+    cb = MemfitCallback(print_fn=lambda _: None)
+    _fit(L, cb, accumulate_grad_batches=1)
+    w = memfit.Workload(batch_size=BATCH, seq_len=SEQ, optimizer="adamw")
+    assert cb.estimate.workload == w
+    ref = memfit.estimate(tiny_gpt2(2, n_positions=SEQ), w)
+    got, want = cb.estimate.profile.breakdown, ref.profile.breakdown
+    for cat in ("parameters", "optimizer_state", "inputs", "workspaces"):
+        assert got[cat] == want[cat], cat
+    # Lightning zeroes the gradients after the next training_step: they are alive in its
+    # forward, where the peak moves (memfit's own loop peaks in backward, without them).
+    assert ref.profile.peak_phase == "backward" and want["gradients"] == 0
+    assert cb.estimate.profile.peak_phase == "forward"
+    assert got["gradients"] == sum(512 * -(-p.numel() * 4 // 512) for p in
+                                   tiny_gpt2(2, n_positions=SEQ).parameters())  # fmt: skip
+    c = cb.comparison
+    assert c.steps == 2 and c.estimated == 1_627_136 and c.measured == 1_643_520  # +1.01 %
+    assert abs(c.relative) <= AGREEMENT
+    assert cb.session.measurement.profile.peak_phase == "forward"
+    assert cb.session.measurement.profile.breakdown[Category.GRADIENTS] == got["gradients"]
+
+
+def test_pytorch_lightning_namespace():
+    from memfit.integrations.pytorch_lightning import MemfitCallback as PLCallback
+
+    cb = PLCallback(print_fn=lambda _: None, measure_steps=0)
+    _fit(pl, cb)
+    assert cb.estimate.workload == memfit.Workload(batch_size=BATCH, seq_len=SEQ)
+    assert cb.comparison is None
+
+
+def test_a_gpu_too_small_stops_before_the_first_step():
+    seq, vocab, batch = 64, 1000, 32
+    module = _module(L.LightningModule, seq, vocab)
+    before = [p.detach().clone() for p in module.parameters()]
+    cb = MemfitCallback(gpu="rtx-4090@560MiB", print_fn=lambda _: None)
+    with pytest.raises(WontFitError) as err:
+        _fit(L, cb, module=module, batch=batch, dataset=_Tokens(seq, vocab))
+    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
+    message = str(err.value)
+    assert "will not fit NVIDIA GeForce RTX 4090 limited to 0.55 GiB" in message
+    assert "batch_size=4 (now 32)" in message and "accumulate_grad_batches=8 (now 1)" in message
+    assert err.value.changes["batch_size"] * err.value.changes["accumulate_grad_batches"] == 32
