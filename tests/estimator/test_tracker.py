@@ -217,6 +217,7 @@ def test_adamw_peak_is_the_foreach_sqrt_and_exact() -> None:
         "activations": 0,
         "temporaries": P_FP32,
         "workspaces": 0,
+        "kv_cache": 0,
     }
 
 
