@@ -23,13 +23,20 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memfit.errors import BadInputError, TraceError
+from memfit.estimator.decode_extension import (
+    CALL_END_OP,
+    EXTEND_ABOVE,
+    KV_LAYER_ATTR,
+    TRACED_CALLS,
+    extend_decode,
+)
 from memfit.estimator.kv_cache import CacheWatcher, check_tp, kv_geometry
 from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch, expand
 from memfit.estimator.step_runner import (
@@ -49,12 +56,9 @@ from memfit.profile import MemoryProfile
 from memfit.techniques.quantize_trace import logical_numel
 from memfit.workload import Workload
 
-#: The Trace attribute holding the KV storages' cache layers (storage id -> layer).
-_KV_LAYER = "_memfit_kv_layer"
-
-#: The op name of the zero-byte marker left in the stream at the end of every model call; the
-#: estimate reads the KV cache there and removes the markers before the allocator replay.
-CALL_END_OP = "<model_call_end>"
+_KV_LAYER = KV_LAYER_ATTR
+#: The Trace attribute saying whether its decode steps were extended (decode_extension).
+_EXTENDED = "_memfit_decode_extended"
 
 
 @dataclass
@@ -374,6 +378,8 @@ class GenerationFigures:
         limiting_phase: "prefill" or "decode", whichever peaks higher.
         max_kv_tokens: when a GPU is named, the cache positions that fit (kv_tokens plus the
             headroom below the fit limit over kv_bytes_per_token); None otherwise.
+        decode_extended: the decode steps were rebuilt from a few traced model calls
+            (memfit.estimator.decode_extension), not each traced.
     """
 
     prompt_len: int
@@ -388,6 +394,7 @@ class GenerationFigures:
     decode_peak_bytes: int
     limiting_phase: str
     max_kv_tokens: int | None = None
+    decode_extended: bool = False
 
 
 def name_phases(trace: Trace) -> None:
@@ -443,36 +450,57 @@ def trace_generation(
 
     Repeated blocks are replayed as for a step (memfit.estimator.replay): 3 of N layers are
     traced and expanded, checked against a 4-layer trace (same live-bytes timeline, event for
-    event); otherwise the whole model is traced. The phases are then named ("prefill",
-    "decode"); the CALL_END_OP markers stay for `generation_figures`.
+    event); otherwise the whole model is traced. Decode steps are extended from a few traced
+    model calls, checked against a longer trace (memfit.estimator.decode_extension); otherwise
+    every call is traced. The phases are then named ("prefill", "decode"); the CALL_END_OP
+    markers stay for `generation_figures`.
     """
     check_generation(spec, w)
     n = spec.num_layers
-    tr: Trace | None = None
-    replayed = False
+    # The replay is checked on the calls the decode extension traces first (all of a short one).
+    first = TRACED_CALLS if w.new_tokens > EXTEND_ABOVE else w.new_tokens
+
+    def traced(layers: int | None, calls: int) -> Trace:
+        return trace_generation_once(spec, w, capability, num_layers=layers, new_tokens=calls).trace
+
     if spec.can_shorten and n is not None and n > TRACED_BLOCKS + 1 and _uniform(spec):
-        short = trace_generation_once(
-            spec, w, capability, num_layers=TRACED_BLOCKS, new_tokens=w.new_tokens
-        ).trace
-        if len(short.block_paths) == TRACED_BLOCKS and _replay_holds(spec, w, capability, short):
+        short = traced(TRACED_BLOCKS, first)
+        if len(short.block_paths) == TRACED_BLOCKS and _replay_holds(
+            spec, w, capability, short, first
+        ):
+
+            def expanded(calls: int) -> Trace:
+                tr = short if calls == first else traced(TRACED_BLOCKS, calls)
+                records, events = expand(tr.records, tr.events, n, tr.block_paths)
+                return replace(
+                    tr, records=records, events=events,
+                    parameter_count=tr.parameter_count
+                    + (n - TRACED_BLOCKS) * tr.block_parameter_count,
+                    flops={key: f * (1 + n - TRACED_BLOCKS) if key[2] == 1 else f
+                           for key, f in tr.flops.items()},
+                )  # fmt: skip
+
             try:
-                records, events = expand(short.records, short.events, n, short.block_paths)
+                ext = extend_decode(expanded, w.new_tokens)
             except ReplayMismatch:
                 pass
             else:
-                short.parameter_count += (n - TRACED_BLOCKS) * short.block_parameter_count
-                short.records, short.events = records, events
-                short.flops = {
-                    key: f * (1 + n - TRACED_BLOCKS) if key[2] == 1 else f
-                    for key, f in short.flops.items()
-                }
-                tr, replayed = short, True
-    if tr is None:
-        tr = trace_generation_once(
-            spec, w, capability, num_layers=None, new_tokens=w.new_tokens
-        ).trace
-    name_phases(tr)
-    return tr, (n if replayed and n is not None else len(tr.block_paths)), replayed
+                return _named(ext.trace, ext.extended, ext.why_not), n, True
+    ext = extend_decode(lambda calls: traced(None, calls), w.new_tokens)
+    return _named(ext.trace, ext.extended, ext.why_not), len(ext.trace.block_paths), False
+
+
+def _named(trace: Trace, extended: bool, why_not: str | None) -> Trace:
+    """The trace with its phases named, and how its decode steps were made (`_EXTENDED`; a
+    note when a long generation had to be traced call by call)."""
+    name_phases(trace)
+    setattr(trace, _EXTENDED, extended)
+    if why_not is not None:
+        trace.notes.append(
+            f"every model call was traced: the decode steps did not extend from "
+            f"{TRACED_CALLS} traced calls ({why_not})."
+        )
+    return trace
 
 
 def _uniform(spec: ModelSpec) -> bool:
@@ -485,11 +513,11 @@ def _uniform(spec: ModelSpec) -> bool:
 
 
 def _replay_holds(
-    spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, short: Trace
+    spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, short: Trace, calls: int
 ) -> bool:
     """The 3-layer generation expanded to 4 layers equals a 4-layer trace, event for event."""
     four = trace_generation_once(
-        spec, w, capability, num_layers=TRACED_BLOCKS + 1, new_tokens=w.new_tokens
+        spec, w, capability, num_layers=TRACED_BLOCKS + 1, new_tokens=calls
     ).trace
     try:
         records, events = expand(short.records, short.events, TRACED_BLOCKS + 1, short.block_paths)
@@ -534,4 +562,5 @@ def generation_figures(
         decode_peak_bytes=peaks["decode"],
         limiting_phase=limiting,
         max_kv_tokens=max_tokens,
+        decode_extended=bool(getattr(trace, _EXTENDED, False)),
     )
