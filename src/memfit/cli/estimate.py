@@ -25,11 +25,22 @@ from memfit.cli._workload_options import (
 from memfit.cuda.allocator_config import AllocatorConfig
 from memfit.errors import MemfitError
 
+AccelerateConfig = Annotated[
+    Path | None,
+    typer.Option(
+        "--accelerate-config",
+        help="An accelerate config file: its mixed precision, FSDP2 settings and processes "
+        "set the workload (a flag that says otherwise is an error).",
+    ),
+]
+
 
 @takes_workload_options()
 def estimate_command(
+    ctx: typer.Context,
     model: Model,
     workload_options: dict[str, Any],
+    accelerate_config: AccelerateConfig = None,
     task: Task = None,
     alloc_conf: AllocConf = None,
     as_json: AsJson = False,
@@ -47,6 +58,14 @@ def estimate_command(
     try:
         from memfit.estimator.estimate import estimate
 
+        if accelerate_config is not None:
+            from memfit.integrations.accelerate_config import merge_options
+
+            # typer may vendor click: its ParameterSource is compared by name.
+            sources = {n: ctx.get_parameter_source(n) for n in workload_options}
+            given = {n for n, src in sources.items() if src is not None and src.name not in (
+                "DEFAULT", "DEFAULT_MAP")}  # fmt: skip
+            workload_options = merge_options(accelerate_config, workload_options, given)
         w = build_workload(**workload_options)
         check_picture_paths(timeline, snapshot)  # before the estimate, which may take a while
         est = estimate(model, w, task=task, alloc_conf=alloc_conf)
