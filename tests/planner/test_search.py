@@ -73,6 +73,10 @@ def test_nothing_fits_exit_1_with_suggestions():
             "8",
             "--seq",
             "1024",
+            # FSDP2's CPU offload fits the device; whether the host holds it depends on the
+            # machine's RAM (this test is about the device).
+            "--forbid",
+            "fsdp-offload",
             "--json",
         ],
     )
@@ -170,7 +174,10 @@ def test_nothing_fits_without_pure_precision_widens_the_search_and_says_so():
     assert p.best is not None and p.best.workload.precision == "bf16-true"
     assert "nothing fits without pure-precision" in render_plan(p)
     assert plan_to_json(p)["widened"] == ["pure-precision"]
-    refused = plan("gpt2", gpu="a100-80gb@2000MiB", goal=goal, forbid=("pure-precision",))
+    # (FSDP2's CPU offload makes bf16-mixed fit: forbidden too, so that nothing does.)
+    refused = plan(
+        "gpt2", gpu="a100-80gb@2000MiB", goal=goal, forbid=("pure-precision", "fsdp-offload")
+    )
     assert refused.best is None and refused.widened == ()
     text = " ".join(refused.suggestions)
     assert "not modelled" not in text
