@@ -93,3 +93,26 @@ def test_a_gpu_too_small_stops_before_the_first_step():
     assert "will not fit NVIDIA GeForce RTX 4090 limited to 0.55 GiB" in message
     assert "batch_size=4 (now 32)" in message and "accumulate_grad_batches=8 (now 1)" in message
     assert err.value.changes["batch_size"] * err.value.changes["accumulate_grad_batches"] == 32
+
+
+def test_an_out_of_memory_error_in_the_measured_steps_is_explained():
+    class Failing(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = tiny_gpt2(2, n_positions=SEQ)
+
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 1:  # injected, as a CUDA allocation failure would raise
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+            return self.model(**batch).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    lines: list[str] = []
+    cb = MemfitCallback(print_fn=lines.append)
+    with pytest.raises(torch.OutOfMemoryError):
+        _fit(L, cb, module=Failing())
+    assert not cb.session.measuring
+    assert lines[-1].startswith("memfit: out of memory during the measured steps\n")
+    assert cb.session.measurement.oom_report in lines[-1]

@@ -191,3 +191,12 @@ def test_training_arguments_for_refuses_what_arguments_cannot_say(tmp_path):
         training_arguments_for(pure, args)
     new = training_arguments_for(memfit.Workload(batch_size=2, optimizer="adamw-8bit"), args)
     assert (new.per_device_train_batch_size, new.optim) == (2, "adamw_bnb_8bit")
+
+
+def test_docs_list_every_optim_name():
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "integrations.md").read_text()
+    for name, (layout, _why) in OPTIM_LAYOUTS.items():
+        shown = f"`{layout}`" if layout else "not modelled"
+        assert f"| `{name}` | {shown} |" in text, name
