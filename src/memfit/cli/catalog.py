@@ -1,15 +1,23 @@
-"""`memfit models` and `memfit gpus`: the built-in catalogs, as a table or as JSON (exit 0)."""
+"""`memfit models` and `memfit gpus`: the built-in catalogs, as a table or as JSON (exit 0).
+
+`memfit gpus --for MODEL --global-batch B --seq S [--gpus N ...] [--prices FILE]` plans the job
+on every GPU of the catalog (memfit.planner.hardware.choose_gpu): whether it fits, the fastest
+plan and its predicted tokens per second, sorted; with a price list, the cost per million
+tokens. Exit 0 when some GPU fits, 1 when none does, 2 on bad input.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from memfit.cli._exit import EXIT_DOES_NOT_FIT, fail
 from memfit.cuda.target import list_gpus
+from memfit.errors import MemfitError
 from memfit.units import format_bytes
 
 
@@ -32,8 +40,67 @@ def models_command(as_json: Annotated[bool, typer.Option("--json")] = False) -> 
     Console().print(table)
 
 
-def gpus_command(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List the GPU catalog: memory as the driver reports it, compute capability, features."""
+def gpus_command(
+    for_model: Annotated[
+        str | None,
+        typer.Option("--for", help="Plan this model on every GPU (catalog name or config.json)."),
+    ] = None,
+    global_batch: Annotated[
+        int | None, typer.Option("--global-batch", help="With --for: samples per step (8).")
+    ] = None,
+    seq: Annotated[int | None, typer.Option(help="With --for: tokens per sample.")] = None,
+    gpus: Annotated[
+        list[int] | None, typer.Option(help="With --for: GPU counts to try (repeat: 1 2 8).")
+    ] = None,
+    prices: Annotated[
+        str | None, typer.Option(help="With --for: CSV of gpu,usd_per_hour (your own prices).")
+    ] = None,
+    allow: Annotated[list[str] | None, typer.Option(help="With --for: allow a technique.")] = None,
+    forbid: Annotated[list[str] | None, typer.Option(help="With --for: never a technique.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List the GPU catalog; with --for MODEL, which GPUs fit the job and how fast."""
+    given = {"--global-batch": global_batch, "--seq": seq, "--gpus": gpus, "--prices": prices,
+             "--allow": allow, "--forbid": forbid}  # fmt: skip
+    if for_model is None:
+        stray = [k for k, v in given.items() if v is not None]
+        if stray:
+            raise fail(f"{', '.join(stray)} only apply with --for MODEL (the job to plan).")
+        _catalog(as_json)
+        return
+    _for_model(for_model, global_batch or 8, seq, gpus or [1], prices, allow, forbid, as_json)
+
+
+def _for_model(model: str, global_batch: int, seq: int | None, counts: list[int],
+               prices: str | None, allow: Any, forbid: Any, as_json: bool) -> None:  # fmt: skip
+    from memfit.cli.plan import _split
+
+    try:
+        # Here, not at the top: the planner imports torch, which `memfit --help` must not.
+        from memfit.planner.hardware import choose_gpu
+        from memfit.planner.search import Goal
+
+        goal = Goal(global_batch=global_batch, seq_len=seq)
+        choices = choose_gpu(model, goal, n_gpus=counts, prices=prices, allow=_split(allow),
+                             forbid=_split(forbid))  # fmt: skip
+    except (MemfitError, ImportError) as e:
+        raise fail(str(e)) from None
+    from memfit.planner.hardware_render import describe_choice, gpu_choices_to_json
+
+    if as_json:
+        typer.echo(json.dumps(gpu_choices_to_json(choices), indent=2))
+    else:
+        table = Table("gpu", "n", "memory", "fits", "tokens/s", "$/M tokens", "plan")
+        for c in choices:
+            row = describe_choice(c)
+            table.add_row(c.gpu.name, str(c.n_gpus), format_bytes(c.gpu.total_memory_bytes),
+                          *row)  # fmt: skip
+        Console(width=140).print(table)
+    if not any(c.fits for c in choices):
+        raise typer.Exit(EXIT_DOES_NOT_FIT)
+
+
+def _catalog(as_json: bool) -> None:
     entries = list_gpus()
     if as_json:
         rows = [

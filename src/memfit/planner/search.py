@@ -38,7 +38,7 @@ from typing import Any
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError, TraceError
 from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
-from memfit.estimator.estimate import Estimate, estimate, estimate_from_trace, trace_spec
+from memfit.estimator.estimate import Estimate, estimate_from_trace, trace_spec
 from memfit.estimator.step_runner import Trace
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.planner.advice import what_would_fit
@@ -212,14 +212,20 @@ def _lean(shape: Shape) -> bool:
     )
 
 
+#: A shape traced at a micro-batch: (trace, blocks, replayed), as `trace_spec` returns it.
+_Traced = tuple[Trace, int, bool]
+
+
 class _Search:
-    def __init__(self, spec: ModelSpec, goal: Goal, gpu: Any, n_gpus: int = 1) -> None:
+    def __init__(self, spec: ModelSpec, goal: Goal, gpu: Any, n_gpus: int = 1,
+                 traces: dict[tuple[Shape, int], _Traced] | None = None) -> None:  # fmt: skip
         self.spec = spec
         self.goal = goal
         self.gpu = gpu
         self.n_gpus = n_gpus
         self.per_gpu = goal.global_batch // n_gpus  # samples per GPU per step
-        self.traces: dict[tuple[Shape, int], tuple[Trace, int, bool]] = {}
+        # Shared by plans of one model and goal on GPUs of one compute capability.
+        self.traces = traces if traces is not None else {}
         self.candidates: list[Candidate] = []
         self.untraceable: dict[Shape, str] = {}
 
@@ -371,8 +377,13 @@ def plan(
     allow: tuple[str, ...] = (),
     forbid: tuple[str, ...] = (),
     task: str | None = None,
+    trace_cache: dict[Any, Any] | None = None,
 ) -> Plan:
     """The fastest configuration of `model` that reaches `goal` on `gpu`.
+
+    `trace_cache` (a dict the caller keeps) shares traces between plans of the same model,
+    goal and `n_gpus` on several GPUs: a trace depends on the GPU only through its compute
+    capability (memfit.planner.hardware plans every GPU of the catalog).
 
     Example:
         >>> p = memfit.plan("llama-2-7b", gpu="rtx-4090", goal=Goal(global_batch=32, seq_len=2048))
@@ -400,7 +411,8 @@ def plan(
             f"Sequence length {goal.seq_len} is longer than {spec.name!r} supports "
             f"({spec.max_positions} positions)."
         )
-    search = _Search(spec, goal, gpu_obj, n_gpus)
+    shared = gpu_obj.compute_capability
+    search = _Search(spec, goal, gpu_obj, n_gpus, _cached(trace_cache, shared))
     widened = _staged_search(search, spec, goal, gpu_obj, allowed, set(forbid), n_gpus)
     fitting = [c for c in search.candidates if c.fits]
     best = min(fitting, key=lambda c: _preference(c, goal)) if fitting else None
@@ -408,7 +420,7 @@ def plan(
         best = _fewest_checkpointed(spec, best, gpu_obj, spec.num_layers)
         fitting.append(best)
     if best is not None:
-        best = _confirm(spec, best, gpu_obj, task)
+        best = _confirm(spec, best, gpu_obj, _cached(trace_cache, (shared, "confirmed")))
     baseline = _baseline(search, search.per_gpu, goal)
     same_optimizer = [
         c for c in fitting if best is None or _preference(c, goal)[0] == _preference(best, goal)[0]
@@ -540,10 +552,20 @@ def _fewest_checkpointed(spec: ModelSpec, cand: Candidate, gpu: Any, n_blocks: i
     return cand
 
 
-def _confirm(spec: ModelSpec, cand: Candidate, gpu: Any, task: str | None) -> Candidate:
-    """Estimate the recommendation through `memfit.estimate` (with the replay check)."""
+def _cached(cache: dict[Any, Any] | None, key: Any) -> Any:
+    return None if cache is None else cache.setdefault(key, {})
 
-    est = estimate(spec, cand.workload, gpu=gpu.name, task=task)
+
+def _confirm(spec: ModelSpec, cand: Candidate, gpu: Any,
+             kept: dict[Any, _Traced] | None) -> Candidate:  # fmt: skip
+    """Estimate the recommendation as `memfit.estimate` does (the replay verified); its trace
+    is `kept` for plans on other GPUs of the same compute capability."""
+    key, kept = cand.workload.with_(gpu=None), {} if kept is None else kept
+    if key not in kept:
+        kept[key] = trace_spec(spec, cand.workload, gpu.compute_capability)
+    tr, n_blocks, replayed = kept[key]
+    est = estimate_from_trace(spec, cand.workload, tr, n_blocks=n_blocks, replayed=replayed,
+                              gpu=gpu)  # fmt: skip
     return Candidate(workload=cand.workload, estimate=est,
                      cost=step_cost(work_of(est), gpu, tf32=False))  # fmt: skip
 
