@@ -39,16 +39,20 @@ class Limit:
             `largest`". False when the search stopped below the cap, or at the model's own
             limit (`max_seq` up to the positions the model has).
         curve: (value, device total bytes, fits) for every value tried, by value.
+        new_tokens: with mode="generate", the tokens generated after the prompt; `max_seq`
+            then searches the prompt (`what` "prompt_len"), and the context is prompt_len +
+            new_tokens. 0 otherwise.
     """
 
     model: str
     gpu: Any
-    what: str  # "batch_size" or "seq_len"
+    what: str  # "batch_size", "seq_len" or "prompt_len" (max_seq of a generation)
     largest: int | None
     curve: list[tuple[int, int, bool]]
     upper: int = 0
     capped: bool = False
     seconds: float = 0.0
+    new_tokens: int = 0
 
 
 def _limit(
@@ -90,6 +94,7 @@ def _limit(
         model=spec.name, gpu=gpu_obj, what=what, largest=good or None,
         curve=sorted((v, total, ok) for v, (_, total, ok) in seen.items()), upper=upper,
         capped=good == upper and not model_limit, seconds=time.perf_counter() - t0,
+        new_tokens=w.new_tokens if w.mode == "generate" else 0,
     )  # fmt: skip
 
 
@@ -127,8 +132,20 @@ def max_seq(
 ) -> Limit:
     """The longest sequence (up to the model's positions, else MAX_SEQ_UPPER) for `w` that
     fits `gpu`. Only for models whose input is tokens that memfit makes: for an image model, or
-    a model with its own make_batch, the sequence is not memfit's to choose (BadInputError)."""
+    a model with its own make_batch, the sequence is not memfit's to choose (BadInputError).
+
+    With mode="generate" the prompt is searched (`Limit.what` "prompt_len"): the longest prompt
+    that, with `w.new_tokens` generated after it, fits; the context is the prompt plus the new
+    tokens, up to the model's positions.
+
+    Example:
+        >>> w = memfit.Workload(mode="generate", new_tokens=128, precision="bf16-true")
+        >>> limit = memfit.max_seq("llama-3.1-8b", w, gpu="l4")
+        >>> limit.largest + limit.new_tokens  # the longest context
+    """
     spec = resolve_model(model, task=task)
+    if isinstance(w, Workload) and w.mode == "generate":
+        return _max_prompt(spec, w, gpu, alloc_conf)
     if isinstance(w, Workload) and w.seq_len is not None:
         raise BadInputError(
             f"max_seq searches seq_len itself; the workload has seq_len={w.seq_len}. "
@@ -148,5 +165,25 @@ def max_seq(
     upper = spec.max_positions or MAX_SEQ_UPPER
     return _limit(
         spec, w, gpu, "seq_len", upper, model_limit=spec.max_positions is not None,
+        alloc_conf=alloc_conf,
+    )  # fmt: skip
+
+
+def _max_prompt(spec: ModelSpec, w: Workload, gpu: str, alloc_conf: str | None) -> Limit:
+    """`max_seq` of a generation: the longest prompt_len that fits with w.new_tokens after it."""
+    if w.prompt_len is not None:
+        raise BadInputError(
+            f"max_seq searches prompt_len itself with mode='generate'; the workload has "
+            f"prompt_len={w.prompt_len}. Leave prompt_len out of it."
+        )
+    positions = spec.max_positions
+    if positions is not None and w.new_tokens >= positions:
+        raise BadInputError(
+            f"new_tokens={w.new_tokens} leaves no room for a prompt: {spec.name!r} has "
+            f"{positions} positions. Use new_tokens={positions - 1} or fewer."
+        )
+    upper = positions - w.new_tokens if positions is not None else MAX_SEQ_UPPER
+    return _limit(
+        spec, w, gpu, "prompt_len", upper, model_limit=positions is not None,
         alloc_conf=alloc_conf,
     )  # fmt: skip

@@ -193,6 +193,13 @@ def limit_to_json(limit: Limit) -> dict[str, Any]:
         "upper": limit.upper,
         "curve": [{"value": v, "device_total_bytes": b, "fits": f} for v, b, f in limit.curve],
         "seconds": round(limit.seconds, 2),
+        # A generation's max_seq searches the prompt; the context adds the new tokens.
+        "new_tokens": limit.new_tokens if limit.what == "prompt_len" else None,
+        "largest_context": (
+            limit.largest + limit.new_tokens
+            if limit.what == "prompt_len" and limit.largest
+            else None
+        ),
     }
 
 
@@ -200,20 +207,34 @@ def _limit_answer(limit: Limit) -> str:
     """The largest value as a reader must take it: exact, a lower bound, or the model's own."""
     if limit.capped:
         return f"at least {limit.largest} (the search cap; more may fit)"
-    if limit.what == "seq_len" and limit.largest == limit.upper:
+    if limit.what in ("seq_len", "prompt_len") and limit.largest == limit.upper:
         return f"{limit.largest} (every position the model has)"
     return str(limit.largest)
 
 
+_LIMIT_NAMES = {"batch_size": "micro-batch", "seq_len": "sequence length", "prompt_len": "prompt"}
+
+
 def render_limit(limit: Limit) -> str:
-    name = "micro-batch" if limit.what == "batch_size" else "sequence length"
+    name = _LIMIT_NAMES[limit.what]
     head = (
         f"largest {name} of {limit.model} that fits {limit.gpu.display_name}: "
         f"{_limit_answer(limit)}"
         if limit.largest
         else f"no {name} of {limit.model} fits {limit.gpu.display_name}"
     )
-    lines = [head, "", f"  {name:>16}  {'device total':>14}  fits"]
+    if limit.what != "prompt_len":
+        lines = [head, "", f"  {name:>16}  {'device total':>14}  fits"]
+        for v, b, f in limit.curve:
+            lines.append(f"  {v:>16}  {format_bytes(b):>14}  {'yes' if f else 'no'}")
+        return "\n".join(lines)
+    n = limit.new_tokens
+    if limit.largest:
+        head += (
+            f" tokens, with {n} new tokens: a context of {limit.largest + n} tokens "
+            "(prompt + new tokens)"
+        )
+    lines = [head, "", f"  {'prompt':>10}  {'context':>10}  {'device total':>14}  fits"]
     for v, b, f in limit.curve:
-        lines.append(f"  {v:>16}  {format_bytes(b):>14}  {'yes' if f else 'no'}")
+        lines.append(f"  {v:>10}  {v + n:>10}  {format_bytes(b):>14}  {'yes' if f else 'no'}")
     return "\n".join(lines)

@@ -1,0 +1,69 @@
+"""`max_seq` and `max_batch` of a generation (mode="generate"): the answer fits and one more
+does not, by the estimator itself; `max_seq` searches the prompt and reports the context."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import memfit
+from memfit.errors import BadInputError
+from memfit.planner.limits import max_batch, max_seq
+from memfit.planner.render import limit_to_json, render_limit
+
+#: A small GPU (5.78 GiB), so that a tiny model's KV cache reaches it.
+GPU = "rtx-2060"
+
+
+@pytest.fixture(scope="module")
+def wide_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """2 layers of hidden 4096 (32 KV heads of 128): 64 KiB of fp32 KV cache per position, so
+    a prompt of some ten thousand tokens fills the GPU."""
+    cfg = dict(
+        model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128,
+        hidden_size=4096, intermediate_size=256, num_hidden_layers=2, num_attention_heads=32,
+        num_key_value_heads=32, max_position_embeddings=131072, bos_token_id=None,
+        eos_token_id=None, pad_token_id=None,
+    )  # fmt: skip
+    path: Path = tmp_path_factory.mktemp("wide") / "config.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def _fits(model: str, w: memfit.Workload) -> bool:
+    return bool(memfit.estimate(model, w, gpu=GPU).fits)
+
+
+def test_max_seq_of_a_generation_is_the_longest_prompt(wide_llama: str) -> None:
+    w = memfit.Workload(mode="generate", new_tokens=4)
+    limit = max_seq(wide_llama, w, gpu=GPU)
+    assert limit.what == "prompt_len" and limit.new_tokens == 4 and not limit.capped
+    assert limit.largest is not None and 1024 < limit.largest < 131072 - 4
+    assert _fits(wide_llama, w.with_(prompt_len=limit.largest))
+    assert not _fits(wide_llama, w.with_(prompt_len=limit.largest + 1))
+    doc = limit_to_json(limit)
+    assert doc["largest_context"] == limit.largest + 4 and doc["new_tokens"] == 4
+    head = render_limit(limit).splitlines()[0]
+    assert head == (
+        f"largest prompt of {limit.model} that fits NVIDIA GeForce RTX 2060: {limit.largest} "
+        f"tokens, with 4 new tokens: a context of {limit.largest + 4} tokens (prompt + new "
+        "tokens)"
+    )
+
+
+def test_max_batch_of_a_generation(wide_llama: str) -> None:
+    w = memfit.Workload(mode="generate", prompt_len=2048, new_tokens=4)
+    limit = max_batch(wide_llama, w, gpu=GPU)
+    assert limit.what == "batch_size" and limit.largest is not None and limit.largest > 1
+    assert _fits(wide_llama, w.with_(batch_size=limit.largest))
+    assert not _fits(wide_llama, w.with_(batch_size=limit.largest + 1))
+
+
+def test_max_seq_of_a_generation_refuses_a_prompt_and_no_room(wide_llama: str) -> None:
+    with pytest.raises(BadInputError, match=r"searches prompt_len itself .* prompt_len=512"):
+        max_seq(wide_llama, memfit.Workload(mode="generate", prompt_len=512), gpu=GPU)
+    no_room = r"new_tokens=131072 leaves no room .*Use new_tokens=131071"
+    with pytest.raises(BadInputError, match=no_room):
+        max_seq(wide_llama, memfit.Workload(mode="generate", new_tokens=131072), gpu=GPU)
