@@ -19,6 +19,7 @@ from memfit.cli._workload_options import (
     AsJson,
     Gpu,
     Gpus,
+    HostMemory,
     ImageSize,
     Model,
     Seq,
@@ -27,6 +28,7 @@ from memfit.cli._workload_options import (
     takes_workload_options,
 )
 from memfit.errors import MemfitError
+from memfit.workload import Workload
 
 
 def _split(values: list[str] | None) -> tuple[str, ...]:
@@ -57,6 +59,7 @@ def plan_command(
     ] = None,
     forbid: Annotated[list[str] | None, typer.Option(help="Never use a technique.")] = None,
     task: Task = None,
+    host_memory: HostMemory = None,
     as_json: AsJson = False,
 ) -> None:
     """The fastest configuration that fits GPU, keeping the global batch and sequence length."""
@@ -68,9 +71,11 @@ def plan_command(
             global_batch=global_batch, seq_len=seq, image_size=image_size,
             precision=precision, optimizer=optimizer,
         )  # fmt: skip
+        if host_memory is not None:
+            Workload(host_memory=host_memory)  # a bad size fails here, naming the form
         result = plan(
             model, gpu=gpu, goal=goal, n_gpus=gpus, allow=_split(allow), forbid=_split(forbid),
-            task=task,
+            task=task, host_memory=host_memory,
         )  # fmt: skip
     except (MemfitError, ImportError) as e:
         raise fail(str(e)) from None

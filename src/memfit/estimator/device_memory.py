@@ -96,6 +96,7 @@ def summarize(
             "embedding_output",
             "offloaded_activations",
             "paged_optimizer_state",
+            "host_parameters",
         ),
         0,
     )
@@ -103,7 +104,9 @@ def summarize(
         if r.host and r.step == last and r.phase == "forward" and r.category != "parameters":
             out["offloaded_activations"] += r.nbytes
         size = cuda_block_size(r.nbytes)
-        if r.category == "parameters" and not r.host:
+        if r.category == "parameters" and r.host:
+            out["host_parameters"] += r.nbytes
+        elif r.category == "parameters":
             out["parameters"] += size
         elif r.category == "gradients" and not r.host and r.step == last:
             out["gradients"] += size

@@ -7,8 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 from memfit.cuda.target import list_gpus
+from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.models.sources import ModelSpec
 from memfit.units import format_bytes
+
+
+def _device_fits(miss: Any, gpu: Any) -> bool:
+    """Whether the candidate's device figures alone fit (the estimate's margin)."""
+    limit = int(gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION))
+    return miss.estimate.oom is None and miss.device_total_bytes <= limit
 
 
 def what_would_fit(
@@ -21,7 +28,18 @@ def what_would_fit(
 ) -> list[str]:
     """What would make it fit; `decided`: the techniques allowed or forbidden already."""
     out = []
-    if miss is not None:
+    host = miss.estimate.host if miss is not None else None
+    if host is not None and host.fits is False and _device_fits(miss, gpu):
+        # The device is not the limit: the CPU's RAM is.
+        where = "--host-memory" if host.budget_source == "host_memory" else "this machine's RAM"
+        out.append(
+            f"More host RAM: the closest configuration fits the device "
+            f"({format_bytes(miss.device_total_bytes)}) but keeps "
+            f"{format_bytes(host.peak_bytes)} on the CPU ({format_bytes(host.pinned_bytes)} "
+            f"pinned), more than {where} ({format_bytes(host.budget_bytes or 0)}). If the "
+            "machine that trains has more, give it with --host-memory SIZE."
+        )
+    elif miss is not None:
         need = miss.device_total_bytes
         needs_bf16 = miss.workload.precision.startswith("bf16")
         bigger = sorted(

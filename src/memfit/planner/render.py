@@ -238,3 +238,55 @@ def render_limit(limit: Limit) -> str:
     for v, b, f in limit.curve:
         lines.append(f"  {v:>10}  {v + n:>10}  {format_bytes(b):>14}  {'yes' if f else 'no'}")
     return "\n".join(lines)
+
+
+def serving_to_json(cap: Any) -> dict[str, Any]:
+    """`memfit serve --json`: every figure of a `ServingCapacity`, bytes as integers."""
+    from dataclasses import asdict
+
+    doc = {k: v for k, v in asdict(cap).items() if k not in ("gpu", "seconds")}
+    return {"gpu": cap.gpu.name, **doc, "seconds": round(cap.seconds, 2)}
+
+
+def render_serving(cap: Any) -> str:
+    """A `ServingCapacity` as the figures vLLM's start-up log would give, and how they come."""
+    g = cap.gpu
+    quant = f", {cap.quantize}" if cap.quantize else ""
+    fits = cap.concurrent_sequences >= 1
+    lines = [
+        f"serving {cap.model} on {g.display_name} ({format_bytes(g.total_memory_bytes)}), as "
+        f"vLLM sizes its KV cache: {cap.precision}{quant}, gpu_memory_utilization "
+        f"{cap.gpu_memory_utilization}, block size {cap.block_size}",
+        "",
+        f"  {'engine memory':<26}{format_bytes(cap.requested_bytes):>12}   "
+        f"(total x {cap.gpu_memory_utilization})",
+        f"  {'weights':<26}{format_bytes(cap.weights_bytes):>12}",
+        f"  {'profiling run peak':<26}{format_bytes(cap.profile_peak_bytes):>12}   "
+        f"(weights included; {cap.max_num_batched_tokens} tokens as {cap.profile_batch} "
+        f"requests of {cap.profile_prompt_len})",
+        f"  {'KV cache':<26}{format_bytes(max(cap.available_kv_bytes, 0)):>12}   "
+        "(engine memory - profiling run peak)",
+        f"  {'KV block':<26}{format_bytes(cap.block_bytes):>12}   ({cap.block_size} tokens x "
+        f"{format_bytes(cap.kv_bytes_per_token)} per token, {cap.num_layers} layers)",
+        "",
+        f"  KV blocks                 {cap.num_blocks:>12,}",
+        f"  KV tokens                 {cap.kv_tokens:>12,}   (vLLM: GPU KV cache size)",
+        f"  sequences of {cap.context_len} tokens at once: {cap.concurrent_sequences:,} "
+        f"(vLLM: maximum concurrency {cap.max_concurrency:.2f}x)",
+        f"  longest sequence that fits: {cap.max_model_len:,} tokens"
+        + (f" (the model has {cap.model_positions:,})" if cap.model_positions else ""),
+    ]
+    if not fits:
+        lines += [
+            "",
+            f"DOES NOT FIT: one sequence of {cap.context_len} tokens needs "
+            f"{cap.blocks_per_sequence:,} blocks; vLLM would refuse to start with max_model_len "
+            f"{cap.context_len}. Use --context-len {cap.max_model_len} or less, a higher "
+            "--gpu-memory-utilization, or --quantize.",
+        ]
+    lines += [
+        "",
+        "Not counted: CUDA graphs (captured after the KV cache, outside the engine memory), "
+        "vLLM's own kernels and sampler buffers.",
+    ]
+    return "\n".join(lines)

@@ -42,7 +42,7 @@ from memfit.estimator.estimate import Estimate, estimate_from_trace, trace_spec
 from memfit.estimator.step_runner import Trace
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.planner.advice import what_would_fit
-from memfit.planner.cost import StepCost, StepWork, step_cost
+from memfit.planner.cost import StepCost, step_cost
 from memfit.planner.shapes import (
     PLAN_LORA_RANK,
     WIDEN_WHEN_NOTHING_FITS,
@@ -55,6 +55,7 @@ from memfit.planner.shapes import (
     placements,
     shapes,
 )
+from memfit.planner.work import work_of
 from memfit.workload import LoraConfig, Workload
 
 
@@ -131,67 +132,6 @@ class Plan:
     widened: tuple[str, ...] = ()
 
 
-def work_of(est: Estimate) -> StepWork:
-    """The step's work for the cost model, from an estimate (per GPU)."""
-    w = est.workload
-    flops = est.flops
-    rec = est.records_summary
-    tokens = w.batch_size * (w.seq_len or 1)
-    # The update runs on the CPU (optimizer offload, FSDP2's CPU offload) when state is there.
-    cpu_update = (w.offload_optimizer or w.fsdp_cpu_offload) and rec["host_optimizer_state"] > 0
-    return StepWork(
-        forward_flops=flops.get("forward", 0),
-        backward_flops=flops.get("backward", 0) + flops.get("recompute", 0),
-        recompute_flops=flops.get("recompute", 0),
-        optimizer_flops=flops.get("optimizer", 0),
-        micro_batches=w.grad_accum,
-        tokens_per_micro_batch=tokens,
-        compute_dtype=w.compute_dtype_name,
-        # The update reads and writes the trainable parameters, as large as their gradients
-        # (frozen weights, e.g. under LoRA, are not touched).
-        parameter_bytes=rec["gradients"],
-        gradient_bytes=rec["gradients"],
-        optimizer_state_bytes=rec["optimizer_state"],
-        offloaded_optimizer_bytes=rec["host_optimizer_state"] if cpu_update else 0,
-        offloaded_parameter_count=est.trainable_parameter_count if cpu_update else 0,
-        cpu_embedding_bytes_per_step=2 * rec["embedding_output"] * w.grad_accum
-        if w.embedding_on_cpu
-        else 0,
-        n_gpus=w.gpus,
-        # FSDP2 all-gathers each shard in every micro-batch's forward and backward and
-        # reduce-scatters the gradients once: each GPU receives (N - 1) shards each time.
-        sharded_bytes_per_step=(2 * w.grad_accum + 1) * rec["parameters"] * (w.gpus - 1),
-        **_lean_work(est),
-    )
-
-
-def _lean_work(est: Estimate) -> dict[str, int]:
-    """The cost-model terms of the lean techniques (memfit.planner.cost.StepWork)."""
-    w = est.workload
-    rec = est.records_summary
-    out: dict[str, int] = {}
-    if w.offload_activations:
-        out["activation_offload_bytes_per_step"] = 2 * rec["offloaded_activations"] * w.grad_accum
-    if w.optimizer.startswith("paged-") and est.gpu is not None:
-        # Pages stay resident while the device has room beside everything else.
-        room = int(est.gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION))
-        room -= est.profile.device_total_bytes or 0
-        state = rec["paged_optimizer_state"]
-        out["paged_bytes_per_step"] = 2 * max(0, state - max(room, 0))
-    if w.fsdp_cpu_offload:
-        host = est.host.by_category.get("parameters", 0) if est.host is not None else 0
-        out["fsdp_offload_bytes_per_step"] = max(0, 2 * w.grad_accum - 1) * host
-    if w.quantize is not None:
-        passes = 2 + (w.checkpointing != "off")
-        sixteen_bit = 2 * est.parameter_count
-        out["dequantized_bytes_per_step"] = (
-            passes * w.grad_accum * (rec["parameters"] + 2 * sixteen_bit)
-            if w.training
-            else rec["parameters"] + 2 * sixteen_bit
-        )
-    return out
-
-
 def _shape_of(w: Workload) -> Shape:
     return Shape(
         w.precision, w.optimizer, w.checkpointing, w.lora is not None, w.tie_embeddings,
@@ -218,7 +158,9 @@ _Traced = tuple[Trace, int, bool]
 
 class _Search:
     def __init__(self, spec: ModelSpec, goal: Goal, gpu: Any, n_gpus: int = 1,
-                 traces: dict[tuple[Shape, int], _Traced] | None = None) -> None:  # fmt: skip
+                 traces: dict[tuple[Shape, int], _Traced] | None = None,
+                 host_memory: str | None = None) -> None:  # fmt: skip
+        self.host_memory = host_memory
         self.spec = spec
         self.goal = goal
         self.gpu = gpu
@@ -249,6 +191,7 @@ class _Search:
             offload_activations=shape.offload_activations,
             chunked_loss=shape.chunked_loss,
             fsdp_cpu_offload=shape.fsdp_offload,
+            host_memory=self.host_memory,
         )
 
     def evaluate(self, shape: Shape, mb: int, placements: list[tuple[bool, bool]]) -> list[
@@ -378,8 +321,12 @@ def plan(
     forbid: tuple[str, ...] = (),
     task: str | None = None,
     trace_cache: dict[Any, Any] | None = None,
+    host_memory: str | None = None,
 ) -> Plan:
     """The fastest configuration of `model` that reaches `goal` on `gpu`.
+
+    `host_memory` ("64GiB") is the RAM of the machine that trains, for what offloading keeps
+    on the CPU; None: this machine's.
 
     `trace_cache` (a dict the caller keeps) shares traces between plans of the same model,
     goal and `n_gpus` on several GPUs: a trace depends on the GPU only through its compute
@@ -412,7 +359,7 @@ def plan(
             f"({spec.max_positions} positions)."
         )
     shared = gpu_obj.compute_capability
-    search = _Search(spec, goal, gpu_obj, n_gpus, _cached(trace_cache, shared))
+    search = _Search(spec, goal, gpu_obj, n_gpus, _cached(trace_cache, shared), host_memory)
     widened = _staged_search(search, spec, goal, gpu_obj, allowed, set(forbid), n_gpus)
     fitting = [c for c in search.candidates if c.fits]
     best = min(fitting, key=lambda c: _preference(c, goal)) if fitting else None
