@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from memfit.measurement.measure import Measurement, measure
     from memfit.planner.limits import max_batch, max_seq
     from memfit.planner.search import Goal, Plan, plan
+    from memfit.planner.serving import ServingCapacity, serving_capacity
     from memfit.profile import MemoryProfile
     from memfit.simulation.oom import OomReport, explain_oom
     from memfit.simulation.simulated_gpu import SimulatedGPU, simulate
@@ -45,6 +46,7 @@ __all__ = [
     "MemoryProfile",
     "OomReport",
     "Plan",
+    "ServingCapacity",
     "SimulatedGPU",
     "TraceError",
     "TrainSetup",
@@ -60,6 +62,7 @@ __all__ = [
     "measure",
     "oom_guard",
     "plan",
+    "serving_capacity",
     "simulate",
 ]
 
@@ -72,6 +75,8 @@ _LAZY = {
     "Goal": ("memfit.planner.search", "Goal"),
     "max_batch": ("memfit.planner.limits", "max_batch"),
     "max_seq": ("memfit.planner.limits", "max_seq"),
+    "serving_capacity": ("memfit.planner.serving", "serving_capacity"),
+    "ServingCapacity": ("memfit.planner.serving", "ServingCapacity"),
     "apply_": ("memfit.techniques.apply", "apply_"),
     "TrainSetup": ("memfit.techniques.train_setup", "TrainSetup"),
     "load_weights": ("memfit.techniques.weights_io", "load_weights"),

@@ -55,6 +55,12 @@ FLAGS = {
     "distill_loss": "--distill-loss",
     "teacher_top_k": "--teacher-top-k",
     "global_batch": "--global-batch",
+    # serve (memfit.serving_capacity)
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "block_size": "--block-size",
+    "context_len": "--context-len",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "max_num_seqs": "--max-num-seqs",
     "alloc_conf": "--alloc-conf",
     "task": "--task",
     # find-batch (memfit.find_batch_size)

@@ -20,6 +20,7 @@ from memfit.cli.find_batch import find_batch_command
 from memfit.cli.lint import lint_command
 from memfit.cli.measure import compare_command, profile_command
 from memfit.cli.plan import max_batch_command, max_seq_command, plan_command
+from memfit.cli.serve import serve_command
 
 app = typer.Typer(
     add_completion=False,
@@ -32,6 +33,7 @@ app.command("estimate")(estimate_command)
 app.command("plan")(plan_command)
 app.command("max-batch")(max_batch_command)
 app.command("max-seq")(max_seq_command)
+app.command("serve")(serve_command)
 app.command("models")(models_command)
 app.command("gpus")(gpus_command)
 app.command("profile")(profile_command)

@@ -134,10 +134,12 @@ class _GenerationTracker(Tracker):
 
     Outside the patched stopping checks (`_Oracle`), `generate` reads a value to inspect its
     inputs: `(attention_mask == 1).all()` (is there padding?) and `(ids < 0).any()` (dummy
-    ids?). memfit's prompt has no padding and no negative or special ids, so an `all` is True
-    and an `any` False. After its loop, beam search crops its outputs (views) to the generated
-    length, `max_generated_length = (...).sum(dim=1).max()` and `prompt + max_generated_length`:
-    new_tokens and prompt_len + new_tokens. Any other read is an error naming the op.
+    ids?), and with a batch of prompts and a pad token `sum(ids[:, -1] == pad) > 0` (right
+    padding?). memfit's prompt has no padding and no negative or special ids, so an `all` is
+    True, an `any` False, and that comparison False. After its loop, beam search crops its
+    outputs (views) to the generated length, `max_generated_length = (...).sum(dim=1).max()`
+    and `prompt + max_generated_length`: new_tokens and prompt_len + new_tokens. Any other
+    read is an error naming the op.
     """
 
     #: Set by the trace: the oracle of the generation and the prompt length.
@@ -153,6 +155,8 @@ class _GenerationTracker(Tracker):
                 return True
             if op.startswith("any."):
                 return False
+            if op.startswith("gt.") and self.oracle.calls == 0:
+                return False  # a batch's right-padding check: `sum(ids[:, -1] == pad) > 0`
             if finished and op.startswith("max."):
                 return self.oracle.new_tokens
             if finished and op.startswith("add."):
