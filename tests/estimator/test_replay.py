@@ -288,3 +288,22 @@ def test_replayed_estimate_equals_full_trace(case: str) -> None:
         MemoryProfile.from_events(full.records, full.events)
     )
     assert event_rows(tr.records, tr.events) == event_rows(full.records, full.events)
+
+
+def test_fsdp_cpu_offload_replays() -> None:
+    """FSDP2's CPU offload keeps the parameter shards on the host: they still belong to their
+    blocks, so three traced blocks expand to exactly the stream of four."""
+    from memfit.models.sources import resolve_model
+    from memfit.profile import MemoryProfile
+    from memfit.workload import Workload
+
+    spec = resolve_model("llama-3.2-1b")
+    w = Workload(seq_len=64, precision="bf16-true", checkpointing="blocks", fsdp_cpu_offload=True)
+    four = run_trace(spec, w, (8, 9), num_layers=TRACED_BLOCKS + 1)
+    three = run_trace(spec, w, (8, 9), num_layers=TRACED_BLOCKS)
+    records, events = expand(three.records, three.events, TRACED_BLOCKS + 1, three.block_paths)
+    got = MemoryProfile.from_events(records, events)
+    want = MemoryProfile.from_events(four.records, four.events)
+    assert (got.peak_allocated_bytes, got.breakdown, got.timeline) == (
+        want.peak_allocated_bytes, want.breakdown, want.timeline,
+    )  # fmt: skip

@@ -54,9 +54,11 @@ def _effective_owners(events: list[Event], records: dict[int, StorageRecord]) ->
     # Host storages (CPU-side scalars) carry no device bytes. One whose owner matches neither
     # nearest device event (a step increment created after the per-parameter loop, owned by
     # whichever parameter was looked up last) belongs to no block, so it never splits a run.
+    # A parameter belongs to its module's block wherever it lives (FSDP2's CPU offload keeps
+    # the shards on the host).
     device = [not records[ev.sid].host for ev in events]
     for i, ev in enumerate(events):
-        if device[i]:
+        if device[i] or records[ev.sid].category == "parameters":
             continue
         near = set()
         for step in (-1, 1):
@@ -296,7 +298,10 @@ class _Expansion:
             module = self._rename(ev.module, 2, n - 1) if owner == 2 else ev.module
             if records[sid].owner == 1 and owner not in (0, 2):
                 if ev.kind != FREE:
-                    raise ReplayMismatch(f"a non-block event allocates block storage at {s}")
+                    raise ReplayMismatch(
+                        f"a non-block event allocates block storage at {s}: {ev.op} in "
+                        f"{ev.module or '<top>'} ({ev.phase}, step {ev.step})"
+                    )
                 released.append(ev)
                 continue
             _flush_released(released, out, self.last, self.copy_sid)
