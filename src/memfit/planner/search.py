@@ -295,20 +295,50 @@ def _explore(
             continue
         if not top or min(c.cost.seconds for c in top) >= best_seconds:
             continue
-        # Binary search for the largest micro-batch at which some placement fits.
-        lo, hi, best_i = 0, len(micro) - 2, -1
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            cands = search.evaluate(shape, micro[mid], places_of(shape))
-            fit = [c.cost.seconds for c in cands if c.fits]
-            if fit:
-                best_i, lo = mid, mid + 1
-                best_seconds = min(best_seconds, *fit)
-            else:
-                hi = mid - 1
+        best_i, seconds = _largest_fitting(search, shape, micro, places_of(shape), top)
+        best_seconds = min([best_seconds, *seconds])
         if best_i < 0 and micro[0] == 1 and shape not in search.untraceable:
             failed.append(shape)
     return set(todo)
+
+
+def _largest_fitting(
+    search: _Search, shape: Shape, micro: list[int], places: list[tuple[bool, bool]],
+    top: list[Candidate],
+) -> tuple[int, list[float]]:  # fmt: skip
+    """The index of the largest micro-batch below the top one (which does not fit) at which
+    some placement fits, or -1; and the step seconds of what fitted on the way.
+
+    Device memory grows about linearly with the micro-batch, so the smallest and the top one
+    give a guess; the guess is traced, then its neighbours, walking up or down to the
+    boundary: as exact as a bisection under the same monotonicity, in fewer traces.
+    """
+    seconds: list[float] = []
+
+    def fits_at(i: int) -> list[Candidate] | None:
+        cands = search.evaluate(shape, micro[i], places)
+        fit = [c.cost.seconds for c in cands if c.fits]
+        seconds.extend(fit)
+        return cands if fit else None
+
+    first = fits_at(0)
+    if first is None:
+        return -1, seconds
+    m0 = min(c.device_total_bytes for c in first)
+    mt = min((c.device_total_bytes for c in top), default=m0)
+    limit = int(search.gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION))
+    guess = 0
+    if mt > m0:
+        want = micro[0] + (limit - m0) * (micro[-1] - micro[0]) / (mt - m0)
+        guess = max((i for i in range(len(micro) - 1) if micro[i] <= want), default=0)
+    i = guess
+    if i == 0 or fits_at(i) is not None:
+        while i + 1 < len(micro) - 1 and fits_at(i + 1) is not None:
+            i += 1
+        return i, seconds
+    while i > 1 and fits_at(i - 1) is None:
+        i -= 1
+    return i - 1, seconds
 
 
 def plan(
