@@ -125,12 +125,23 @@ def watch_cache(cache: Any, mark: Callable[[torch.Tensor, int], None]) -> Callab
 
 
 def cache_of(outputs_or_kwargs: Any) -> Any:
-    """The transformers Cache in a model call's keyword arguments or outputs, or None."""
+    """The transformers Cache in a model call's keyword arguments or outputs, or None.
+
+    transformers 5.24 renamed the argument `past_key_values` to `cache` (generation/utils.py
+    `ALL_CACHE_NAMES`; the old name is deprecated until 5.40): both are looked for.
+    """
     get = getattr(outputs_or_kwargs, "get", None)
     if get is None:
         return None
-    cache = get("past_key_values")
-    return cache if hasattr(cache, "layers") else None
+    for name in CACHE_ARGUMENTS:
+        cache = get(name)
+        if hasattr(cache, "layers"):
+            return cache
+    return None
+
+
+#: The names a model call gives its cache: transformers >= 5.24, then earlier versions.
+CACHE_ARGUMENTS = ("cache", "past_key_values")
 
 
 class CacheWatcher:
