@@ -32,7 +32,7 @@ from memfit.integrations._reading import (
     spec_of_run,
     strip_hf_checkpointing,
 )
-from memfit.integrations._session import Comparison, RunReading, Session
+from memfit.integrations._session import RunReading, Session, SessionResults
 from memfit.workload import Workload
 
 #: Lightning precision -> the autocast dtype it runs ("-true" precisions cast the module, which
@@ -145,7 +145,7 @@ def read_run(trainer: Any, pl_module: torch.nn.Module, batch: Any) -> RunReading
     return RunReading(spec=spec, workload=workload, notes=tuple(notes))
 
 
-class LightningHooks:
+class LightningHooks(SessionResults):
     """The callback's hooks (see the module docstring); mixed into a namespace's Callback.
 
     Args:
@@ -171,18 +171,6 @@ class LightningHooks:
         self.strict = strict
         self._read = False
         self._measure_until = 0
-
-    @property
-    def estimate(self) -> Any:
-        return self.session.estimate
-
-    @property
-    def plan(self) -> Any:
-        return self.session.plan
-
-    @property
-    def comparison(self) -> Comparison | None:
-        return self.session.comparison
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:  # fmt: skip

@@ -239,3 +239,22 @@ def _gpu_of(device: torch.device | str | None, print_fn: Callable[[str], None]) 
     except BadInputError as e:
         print_fn(f"memfit: {e} Pass gpu=... to the callback for a verdict.")
         return None
+
+
+class SessionResults:
+    """What a callback found, read from its `session`: the estimate, the plan when the run did
+    not fit, and the estimate-against-measured comparison of the first steps."""
+
+    session: Session
+
+    @property
+    def estimate(self) -> Any:
+        return self.session.estimate
+
+    @property
+    def plan(self) -> Any:
+        return self.session.plan
+
+    @property
+    def comparison(self) -> Comparison | None:
+        return self.session.comparison

@@ -37,7 +37,7 @@ from memfit.integrations._hf_args import (
     read_run,
     training_arguments_for,
 )
-from memfit.integrations._session import Comparison, Session, WontFitError
+from memfit.integrations._session import Comparison, Session, SessionResults, WontFitError
 
 __all__ = [
     "OPTIM_LAYOUTS",
@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 
-class MemfitCallback(transformers.TrainerCallback):
+class MemfitCallback(SessionResults, transformers.TrainerCallback):
     """Estimate the Trainer's run before its first step; stop it if it will not fit; measure
     the first steps and compare.
 
@@ -79,18 +79,6 @@ class MemfitCallback(transformers.TrainerCallback):
         self.session = Session(gpu=gpu, measure_steps=measure_steps, stop=stop, print_fn=print_fn)
         self.strict = strict
         self._measure_until = 0
-
-    @property
-    def estimate(self) -> Any:
-        return self.session.estimate
-
-    @property
-    def plan(self) -> Any:
-        return self.session.plan
-
-    @property
-    def comparison(self) -> Comparison | None:
-        return self.session.comparison
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None,
                        train_dataloader=None, **kwargs):  # fmt: skip
