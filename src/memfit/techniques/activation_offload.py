@@ -45,7 +45,7 @@ import torch
 
 from memfit.errors import BadInputError
 from memfit.events import Category, StorageRecord
-from memfit.techniques.registry import Build, handler
+from memfit.techniques.registry import Build, handler, wrap_forward_once
 from memfit.workload import ACTIVATION_OFFLOAD, Workload, check_choice
 
 VARIANTS = ACTIVATION_OFFLOAD
@@ -214,18 +214,10 @@ def offload_forward(model: torch.nn.Module, config: ActivationOffloadConfig) -> 
     A partial over the module, not a closure over its bound forward, so deep copies of the
     model keep working (as precision.autocast_forward does).
     """
-    current = model.__dict__.get("forward")
-    marked = getattr(current, "_memfit_offload", None)
-    if marked is not None:
-        if marked != config:
-            raise BadInputError(
-                f"The model already offloads activations with {marked!r}; start from the "
-                f"unwrapped model to apply {config!r}."
-            )
-        return
-    wrapped = functools.partial(_offloaded_forward, model, current, config)
-    wrapped._memfit_offload = config  # type: ignore[attr-defined]
-    model.forward = wrapped
+    wrap_forward_once(
+        model, "_memfit_offload", config,
+        lambda current: functools.partial(_offloaded_forward, model, current, config),
+    )  # fmt: skip
 
 
 def _offloaded_forward(

@@ -38,7 +38,7 @@ from torch.utils.checkpoint import checkpoint
 
 from memfit.errors import BadInputError
 from memfit.techniques.checkpointing import region_listeners
-from memfit.techniques.registry import Build, handler
+from memfit.techniques.registry import Build, handler, wrap_forward_once
 from memfit.workload import Workload
 
 #: transformers' `ForCausalLMLoss` default `ignore_index` (transformers/loss/loss_utils.py).
@@ -158,19 +158,13 @@ def chunk_loss_forward(model: torch.nn.Module, config: ChunkedLossConfig) -> Non
     if callable(get_base):
         model = get_base()
     base, head = check_causal_lm(model)
-    current = model.__dict__.get("forward")
-    marked = getattr(current, "_memfit_chunked_loss", None)
-    if marked is not None:
-        if marked != config:
-            raise BadInputError(
-                f"The model already computes its loss with {marked!r}; start from the "
-                f"unwrapped model to apply {config!r}."
-            )
-        return
     path = next((n for n, m in model.named_modules() if m is head), "lm_head")
-    wrapped = functools.partial(_chunked_forward, model, current, base, head, path, config.chunks)
-    wrapped._memfit_chunked_loss = config  # type: ignore[attr-defined]
-    model.forward = wrapped
+    wrap_forward_once(
+        model, "_memfit_chunked_loss", config,
+        lambda current: functools.partial(
+            _chunked_forward, model, current, base, head, path, config.chunks
+        ),
+    )  # fmt: skip
 
 
 def _chunked_forward(

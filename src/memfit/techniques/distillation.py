@@ -55,7 +55,7 @@ from torch.utils.checkpoint import checkpoint
 from memfit.errors import BadInputError
 from memfit.techniques.checkpointing import region_listeners
 from memfit.techniques.chunked_loss import IGNORE_INDEX, check_causal_lm
-from memfit.techniques.registry import Build, handler
+from memfit.techniques.registry import Build, handler, wrap_forward_once
 from memfit.workload import DISTILL_LOSSES, QUANTIZE, TEACHER_PRECISIONS, Workload, check_choice
 
 #: Chunks of the "chunked-kl" loss: torchtune's KD recipes' `num_output_chunks` (8).
@@ -277,19 +277,13 @@ def wrap_forward(model: torch.nn.Module, config: DistillationConfig, *, student:
     and with "chunked-kl" the last hidden states returned instead of logits."""
     inner = _inner(model)
     base, _ = check_causal_lm(inner)
-    current = inner.__dict__.get("forward")
-    marked = getattr(current, "_memfit_distillation", None)
-    if marked is not None:
-        if marked != config:
-            raise BadInputError(
-                f"The model already runs {marked.label}; start from the unwrapped model to "
-                f"apply {config.label}."
-            )
-        return
     keep_labels = student and config.kd_ratio < 1
-    wrapped = functools.partial(_forward, inner, current, base, config.chunked, keep_labels)
-    wrapped._memfit_distillation = config  # type: ignore[attr-defined]
-    inner.forward = wrapped
+    wrap_forward_once(
+        inner, "_memfit_distillation", config,
+        lambda current: functools.partial(
+            _forward, inner, current, base, config.chunked, keep_labels
+        ),
+    )  # fmt: skip
 
 
 def _forward(model: torch.nn.Module, inner: Callable[..., Any] | None, base: torch.nn.Module,

@@ -60,3 +60,24 @@ def apply_one(config: Any, build: Build) -> None:
     if fn is None:
         raise BadInputError(f"No handler for {type(config).__name__}.")
     fn(config, build)
+
+
+def wrap_forward_once(
+    module: torch.nn.Module, marker: str, config: Any, wrap: Callable[[Any], Any]
+) -> None:
+    """Set `module.forward` to `wrap(current)` (`current`: the instance's own forward, or None),
+    marked with `config` under the attribute `marker`. Once: the same config again changes
+    nothing; another config of the same technique is an error, since the wrappers would stack.
+    """
+    current = module.__dict__.get("forward")
+    marked = getattr(current, marker, None)
+    if marked is not None:
+        if marked != config:
+            raise BadInputError(
+                f"The model already applies {marked.label}; start from the unwrapped model to "
+                f"apply {config.label}."
+            )
+        return
+    wrapped = wrap(current)
+    setattr(wrapped, marker, config)
+    module.forward = wrapped
