@@ -505,6 +505,12 @@ class Workload:
             )
 
     @property
+    def optimizer_on_cpu(self) -> bool:
+        """Whether the optimizer's state lives, and its step runs, on the CPU: optimizer
+        offload, or FSDP2's CPU offload."""
+        return self.offload_optimizer or self.fsdp_cpu_offload
+
+    @property
     def training(self) -> bool:
         return self.mode == "train"
 

@@ -37,16 +37,17 @@ _CONV_OPS = ("convolution", "cudnn_convolution", "convolution_backward")
 
 
 def place_on_host(
-    records: dict[int, StorageRecord], *, offload_optimizer: bool, embedding_path: str | None
+    records: dict[int, StorageRecord], *, optimizer_on_cpu: bool, embedding_path: str | None
 ) -> dict[int, StorageRecord]:
     """Records as they are when techniques keep some storages in CPU memory.
 
-    - offload_optimizer: optimizer state and the update's temporaries live on the CPU.
+    - optimizer_on_cpu (optimizer offload, FSDP2's CPU offload): optimizer state and the
+      update's temporaries live on the CPU.
     - embedding_path: the input embedding's weights, gradients and optimizer state live on the
       CPU, and so does its backward; its forward output is moved to the GPU (device memory).
     The trace is shared between these variants; only where storages live changes.
     """
-    if not offload_optimizer and embedding_path is None:
+    if not optimizer_on_cpu and embedding_path is None:
         return records
     out = {}
     for sid, r in records.items():
@@ -65,7 +66,7 @@ def place_on_host(
             "backward",
             "optimizer",
         )
-        if (offload_optimizer and optimizer_work) or (in_embedding and embedding_side):
+        if (optimizer_on_cpu and optimizer_work) or (in_embedding and embedding_side):
             host = True
         out[sid] = r if host == r.host else replace(r, host=host)
     return out
@@ -171,7 +172,7 @@ def attach_device_memory(
     w = est.workload
     records = place_on_host(
         records,
-        offload_optimizer=w.offload_optimizer or w.fsdp_cpu_offload,  # both step on the CPU
+        optimizer_on_cpu=w.optimizer_on_cpu,
         embedding_path=getattr(est, "embedding_path", None) if w.embedding_on_cpu else None,
     )
     if (paged := paged_state_note(records)) is not None:

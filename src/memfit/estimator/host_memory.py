@@ -161,7 +161,7 @@ def _cpu_update_temporaries(records: dict[int, StorageRecord], w: Workload) -> s
     gives foreach only when every tensor is on CUDA), so one parameter's temporaries are alive
     at a time. The caller counts the largest of them instead of their sum.
     """
-    if not (w.offload_optimizer or w.fsdp_cpu_offload):
+    if not w.optimizer_on_cpu:
         return set()
     return {
         sid

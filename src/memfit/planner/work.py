@@ -18,7 +18,7 @@ def work_of(est: Estimate) -> StepWork:
     rec = est.records_summary
     tokens = w.batch_size * (w.seq_len or 1)
     # The update runs on the CPU (optimizer offload, FSDP2's CPU offload) when state is there.
-    cpu_update = (w.offload_optimizer or w.fsdp_cpu_offload) and rec["host_optimizer_state"] > 0
+    cpu_update = w.optimizer_on_cpu and rec["host_optimizer_state"] > 0
     return StepWork(
         forward_flops=flops.get("forward", 0),
         backward_flops=flops.get("backward", 0) + flops.get("recompute", 0),
