@@ -80,9 +80,14 @@ def materialize_fake(
 ) -> torch.nn.Module:
     """Swap every parameter and buffer for a fake CPU tensor (optionally in a copy).
 
-    Floating parameters and buffers are cast to `dtype` when it is given (pure low precision).
+    Floating parameters and buffers are cast to `dtype` when it is given (pure low precision),
+    unless the model is marked as loaded (memfit.models.loaded): then each keeps its own dtype.
     Tied parameters stay tied: a tensor seen twice maps to the same fake.
     """
+    from memfit.models.loaded import is_as_loaded
+
+    if is_as_loaded(model):
+        dtype = None
     memo: dict[int, Any] = {}
 
     def fake_of(t: torch.Tensor, is_param: bool) -> Any:

@@ -20,6 +20,7 @@ from memfit.errors import BadInputError
 from memfit.integrations._reading import (
     BatchTemplate,
     checkpointing_of,
+    dtypes_note,
     meta_copy,
     optimizer_layout,
     precision_of,
@@ -133,6 +134,7 @@ def read_run(args: Any, model: torch.nn.Module, optimizer: Any, batch: Any) -> R
     who = "TrainingArguments(bf16=True)" if args.bf16 else "TrainingArguments(fp16=True)"
     precision = precision_of(model, autocast, who=who)
     checkpointing, first, notes = checkpointing_of(model)
+    notes += dtypes_note(model)
     if getattr(args, "torch_compile", False):
         notes.append("torch_compile=True: memfit estimates the eager step (compiled kernels "
                      "fuse temporaries; the estimate is an upper bound for them).")  # fmt: skip

@@ -26,6 +26,7 @@ from memfit.events import Category
 from memfit.integrations._reading import (
     BatchTemplate,
     checkpointing_of,
+    dtypes_note,
     meta_copy,
     optimizer_layout,
     precision_of,
@@ -35,8 +36,8 @@ from memfit.integrations._reading import (
 from memfit.integrations._session import RunReading, Session, SessionResults
 from memfit.workload import Workload
 
-#: Lightning precision -> the autocast dtype it runs ("-true" precisions cast the module, which
-#: `precision_of` reads from the parameters).
+#: Lightning precision -> the autocast dtype it runs ("-true" precisions cast the module; the
+#: trace keeps the dtypes the module has, and `precision_of` reads them).
 _AUTOCAST = {
     "32-true": None, "32": None, "bf16-mixed": "bfloat16", "16-mixed": "float16",
     "bf16-true": None, "16-true": None,
@@ -120,6 +121,7 @@ def read_run(trainer: Any, pl_module: torch.nn.Module, batch: Any) -> RunReading
         )
     template = BatchTemplate.of(batch)
     checkpointing, first, notes = checkpointing_of(pl_module)
+    notes += dtypes_note(pl_module)
     workload = Workload(
         batch_size=template.batch_size,
         seq_len=template.seq_len,

@@ -11,6 +11,11 @@ Nothing of the user's run is changed or allocated:
 - the optimizer is read from the instance the trainer built (`optimizer_layout`), so an
   optimizer the user passed in is read as well as one made from `optim`.
 
+The copy is traced *as loaded* (memfit.models.loaded): each parameter and buffer keeps its own
+dtype, so peft's fp32 adapters on a bf16 base, or layers upcast to fp32, are estimated as the
+run holds them; the Workload's precision (`precision_of`) says only whether the step runs under
+autocast and in which 16-bit dtype.
+
 Known limits (errors, never guesses): a model whose parameters are quantized by bitsandbytes
 (`Params4bit`, `Int8Params`) or sharded (DTensor, FSDP) is refused; so is an optimizer memfit
 has no layout for (docs/integrations.md lists them).
@@ -29,12 +34,14 @@ import torch
 from torch.utils import _pytree as pytree
 
 from memfit.errors import BadInputError
+from memfit.models.loaded import dtype_counts, mark_as_loaded
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.models.structure import find_repeated_blocks
 
 __all__ = [
     "BatchTemplate",
     "checkpointing_of",
+    "dtypes_note",
     "meta_copy",
     "optimizer_layout",
     "precision_of",
@@ -165,7 +172,8 @@ def spec_of_run(
     wrap_batch: Callable[[Any], Any] | None = None,
 ) -> ModelSpec:
     """The ModelSpec of a real run's model: built as a fresh meta copy for each trace (by
-    `build`, else `meta_copy(model)`), fed batches like the first one.
+    `build`, else `meta_copy(model)`), marked to be traced as loaded (each tensor keeps its
+    dtype: memfit.models.loaded), fed batches like the first one.
 
     The traced model's task, inputs and loss are read from `model` as memfit reads any
     nn.Module (`resolve_model`); `loss` overrides it (a Lightning step returns its loss), and
@@ -175,7 +183,7 @@ def spec_of_run(
     make = build if build is not None else (lambda: meta_copy(model))
 
     def build_copy(_n: int | None, _attention: str) -> torch.nn.Module:
-        return make()
+        return mark_as_loaded(make())
 
     def make_batch(batch_size: int, seq_len: int | None = None) -> Any:
         batch = template.make(batch_size, seq_len)
@@ -266,27 +274,63 @@ def strip_hf_checkpointing(model: torch.nn.Module) -> torch.nn.Module:
 # ----------------------------------------------------------------------------- precision
 
 
+_SIXTEEN_BIT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def precision_of(model: torch.nn.Module, autocast: str | None, *, who: str) -> str:
-    """memfit's precision recipe for `model` trained under `autocast` ("float16",
-    "bfloat16" or None). Trainable parameters in 16 bits mean a pure 16-bit model ("-true");
-    fp32 trainable parameters with autocast mean "-mixed". `who` names the setting for errors.
+    """memfit's precision recipe for `model`, traced as loaded (its own dtypes), trained under
+    `autocast` ("float16", "bfloat16" or None). `who` names the setting for errors.
+
+    With autocast: "bf16-mixed" / "fp16-mixed", whatever the parameters' dtypes (a bf16 base
+    with fp32 LoRA adapters under bf16 autocast is "bf16-mixed"). Without: "bf16-true" /
+    "fp16-true" when parameters are in that 16-bit dtype (their matmuls run in it; fp32
+    parameters beside them stay fp32), else "fp32".
+
+    Refused: trainable 16-bit parameters of another dtype than the autocast's, fp16 trainable
+    parameters under fp16 autocast (the GradScaler refuses to unscale fp16 gradients), and
+    parameters in both fp16 and bf16 without autocast.
     """
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    dtypes = {p.dtype for p in (trainable or list(model.parameters()))}
-    if dtypes == {torch.float32}:
-        return {None: "fp32", "float16": "fp16-mixed", "bfloat16": "bf16-mixed"}[autocast]
-    if dtypes in ({torch.bfloat16}, {torch.float16}):
-        pure = "bf16-true" if dtypes == {torch.bfloat16} else "fp16-true"
-        if autocast is not None and autocast != str(next(iter(dtypes))).removeprefix("torch."):
+    params = [p for p in model.parameters() if p.is_floating_point()]
+    trainable = {p.dtype for p in params if p.requires_grad} & set(_SIXTEEN_BIT)
+    if autocast is not None:
+        want = _AUTOCAST_DTYPES[autocast]
+        if trainable - {want}:
             raise BadInputError(
-                f"The trainable parameters are {next(iter(dtypes))} and {who} runs autocast to "
-                f"{autocast}: memfit does not model that mix. Use one 16-bit type."
+                f"Trainable parameters are {sorted(str(d) for d in trainable)} and {who} runs "
+                f"autocast to {autocast}: memfit does not model that mix. Use one 16-bit type."
             )
-        return pure
-    raise BadInputError(
-        f"The trainable parameters mix dtypes {sorted(str(d) for d in dtypes)}: memfit models "
-        "fp32 weights (with or without autocast) or all-16-bit weights. Cast them to one dtype."
-    )
+        if want == torch.float16 and trainable:
+            raise BadInputError(
+                f"Trainable parameters are float16 and {who} runs fp16 autocast with a "
+                'GradScaler, which refuses to unscale fp16 gradients ("Attempting to unscale '
+                'FP16 gradients"). Keep trainable parameters in float32, or use bf16.'
+            )
+        return f"{_SIXTEEN_BIT[want]}-mixed"
+    low = {p.dtype for p in params} & set(_SIXTEEN_BIT)
+    if len(low) > 1:
+        raise BadInputError(
+            "The parameters are in both float16 and bfloat16 and no autocast runs: memfit "
+            "models one 16-bit dtype per step. Cast them to one."
+        )
+    return f"{_SIXTEEN_BIT[low.pop()]}-true" if low else "fp32"
+
+
+def dtypes_note(model: torch.nn.Module) -> list[str]:
+    """A note for the estimate when the parameters are in more than one dtype: how many of
+    each, trainable and frozen, as the trace keeps them."""
+    counts = dtype_counts(model)
+    if len(counts) < 2:
+        return []
+
+    def listed(trainable: bool) -> str:
+        got = dtype_counts(model, trainable=trainable)
+        return ", ".join(f"{n:,} {d}" for d, n in sorted(got.items())) or "none"
+
+    return [
+        f"parameters as loaded, each in its own dtype: trainable {listed(True)}; frozen "
+        f"{listed(False)}."
+    ]
 
 
 # ----------------------------------------------------------------------------- optimizer
