@@ -8,6 +8,7 @@ this module is the one pytest loads as the suite's conftest.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,10 @@ import memfit
 from memfit.cuda.allocator import CachingAllocator
 from memfit.cuda.allocator_config import AllocatorConfig
 from memfit.models.sources import ModelSpec, resolve_model
+
+# The suite traces what it checks: memfit's trace and plan cache stays off (its own tests,
+# tests/estimator/test_trace_cache.py, turn it on in a folder of their own).
+os.environ["MEMFIT_NO_CACHE"] = "1"
 
 
 def tiny_gpt2(

@@ -213,11 +213,30 @@ WORKLOAD_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
 )
 
 
+NoCache = Annotated[
+    bool,
+    typer.Option(
+        "--no-cache",
+        help="Trace again instead of reading memfit's trace and plan cache "
+        "($MEMFIT_CACHE_DIR, else ~/.cache/memfit; `memfit cache` shows it).",
+    ),
+]
+
+
+def skip_cache(no_cache: bool) -> None:
+    """`--no-cache`: trace (and plan) again for the rest of this command."""
+    if no_cache:
+        from memfit.estimator.trace_cache import set_enabled
+
+        set_enabled(False)
+
+
 def takes_workload_options(
     *, skip: Sequence[str] = ()
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Give a verb every workload option but those it declares itself or `skip`s; the verb
-    takes `workload_options` (a dict of the parsed values, for `build_workload`) instead.
+    """Give a verb every workload option but those it declares itself or `skip`s, and
+    `--no-cache`; the verb takes `workload_options` (a dict of the parsed values, for
+    `build_workload`) instead.
 
     The options are added to the signature typer reads (after the verb's own parameters), so a
     new Workload field is one line in WORKLOAD_OPTIONS, not one per verb.
@@ -237,9 +256,12 @@ def takes_workload_options(
             if name not in taken
         ]
         names = {p.name for p in added}
+        added.append(inspect.Parameter("no_cache", inspect.Parameter.KEYWORD_ONLY,
+                                       default=False, annotation=NoCache))  # fmt: skip
 
         @functools.wraps(verb)
         def wrapper(**kwargs: Any) -> Any:
+            skip_cache(kwargs.pop("no_cache"))
             options = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
             return verb(**kwargs, workload_options=options)
 

@@ -12,6 +12,7 @@ import sys
 
 import typer
 
+from memfit.cli.cache import cache_command
 from memfit.cli.catalog import gpus_command, models_command
 from memfit.cli.data import data_command
 from memfit.cli.doctor import doctor_command
@@ -42,6 +43,7 @@ app.command("doctor")(doctor_command)
 app.command("find-batch")(find_batch_command)
 app.command("lint")(lint_command)
 app.command("data")(data_command)
+app.command("cache")(cache_command)
 
 
 def main() -> None:

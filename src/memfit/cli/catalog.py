@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from memfit.cli._exit import EXIT_DOES_NOT_FIT, fail
+from memfit.cli._workload_options import NoCache, skip_cache
 from memfit.cuda.target import list_gpus
 from memfit.errors import MemfitError
 from memfit.units import format_bytes
@@ -58,10 +59,12 @@ def gpus_command(
     allow: Annotated[list[str] | None, typer.Option(help="With --for: allow a technique.")] = None,
     forbid: Annotated[list[str] | None, typer.Option(help="With --for: never a technique.")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    no_cache: NoCache = False,
 ) -> None:
     """List the GPU catalog; with --for MODEL, which GPUs fit the job and how fast."""
+    skip_cache(no_cache)
     given = {"--global-batch": global_batch, "--seq": seq, "--gpus": gpus, "--prices": prices,
-             "--allow": allow, "--forbid": forbid}  # fmt: skip
+             "--allow": allow, "--forbid": forbid, "--no-cache": no_cache or None}  # fmt: skip
     if for_model is None:
         stray = [k for k, v in given.items() if v is not None]
         if stray:

@@ -22,9 +22,11 @@ from memfit.cli._workload_options import (
     HostMemory,
     ImageSize,
     Model,
+    NoCache,
     Seq,
     Task,
     build_workload,
+    skip_cache,
     takes_workload_options,
 )
 from memfit.errors import MemfitError
@@ -61,8 +63,10 @@ def plan_command(
     task: Task = None,
     host_memory: HostMemory = None,
     as_json: AsJson = False,
+    no_cache: NoCache = False,
 ) -> None:
     """The fastest configuration that fits GPU, keeping the global batch and sequence length."""
+    skip_cache(no_cache)
     try:
         # Here, not at the top: these import torch, which `memfit --help` must not.
         from memfit.planner.search import Goal, plan

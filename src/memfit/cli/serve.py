@@ -12,7 +12,16 @@ from typing import Annotated
 import typer
 
 from memfit.cli._exit import EXIT_DOES_NOT_FIT, EXIT_OK, fail
-from memfit.cli._workload_options import AsJson, Gpu, Model, Precision, Quantize, Task
+from memfit.cli._workload_options import (
+    AsJson,
+    Gpu,
+    Model,
+    NoCache,
+    Precision,
+    Quantize,
+    Task,
+    skip_cache,
+)
 from memfit.errors import MemfitError
 
 #: vLLM's defaults (memfit.planner.serving names their sources); here as literals so that
@@ -57,8 +66,10 @@ def serve_command(
     ] = None,
     task: Task = None,
     as_json: AsJson = False,
+    no_cache: NoCache = False,
 ) -> None:
     """KV blocks, KV tokens and concurrent sequences a vLLM engine would have on GPU."""
+    skip_cache(no_cache)
     try:
         # Here, not at the top: these import torch, which `memfit --help` must not.
         from memfit.planner.serving import serving_capacity

@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from memfit.estimator.generation import generation_figures, trace_generation, wi
 from memfit.estimator.host_memory import HostMemory
 from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch, expand
 from memfit.estimator.step_runner import Trace, run_trace, traced_micro_batches
+from memfit.estimator.trace_cache import cached_trace, key_of
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.profile import MemoryProfile
 from memfit.techniques.activation_offload import offload_note
@@ -153,9 +155,34 @@ def trace_spec(
     The replay is used only when the traced blocks prove identical (see memfit.estimator.replay);
     otherwise, and for models memfit cannot shorten (an nn.Module passed in), the whole model
     is traced. Options the model has no use for are refused first (`check_model_options`).
+    The result is cached (memfit.estimator.trace_cache) when the model can be named.
     """
 
     check_model_options(spec, w)
+    key = trace_key(spec, w, capability, verify)
+    return cached_trace(key, lambda: _trace_spec(spec, w, capability, verify))
+
+
+def trace_key(
+    spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, verify: bool
+) -> str | None:
+    """The cache key of `trace_spec(spec, w, capability, verify=verify)`, or None (not cached:
+    a model or teacher memfit cannot name, a user's batch factory)."""
+    if spec.cache_key is None or spec.make_batch is not None:
+        return None
+    teacher = None
+    if w.teacher is not None:
+        teacher = resolve_model(w.teacher).cache_key
+        if teacher is None:
+            return None
+    # The GPU's name and the host's RAM are read after the trace, not by it.
+    traced = w.with_(gpu=None, host_memory=None)
+    return key_of("trace", spec.cache_key, teacher, traced, capability, verify)
+
+
+def _trace_spec(
+    spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, verify: bool
+) -> tuple[Trace, int, bool]:
     if w.mode == "generate":
         return trace_generation(spec, w, capability)
     n = spec.num_layers
@@ -169,20 +196,27 @@ def trace_spec(
             if len(tr.block_paths) == TRACED_BLOCKS:
                 try:
                     if not verify or _replay_verified(spec, w, capability, tr):
-                        records, events = expand(tr.records, tr.events, n, tr.block_paths)
-                        extra = n - TRACED_BLOCKS
-                        tr.parameter_count += extra * tr.block_parameter_count
-                        tr.trainable_parameter_count += extra * tr.block_trainable_parameter_count
-                        tr.records, tr.events = records, events
-                        tr.flops = {
-                            key: f * (1 + extra) if key[2] == 1 else f
-                            for key, f in tr.flops.items()
-                        }
-                        return tr, n, True
+                        return _expanded(tr, n), n, True
                 except ReplayMismatch:
                     pass
     tr = run_trace(spec, w, capability)
     return tr, len(tr.block_paths), False
+
+
+def _expanded(tr: Trace, n: int) -> Trace:
+    """The trace of `TRACED_BLOCKS` blocks expanded to `n` (memfit.estimator.replay)."""
+    records, events = expand(tr.records, tr.events, n, tr.block_paths)
+    extra = n - TRACED_BLOCKS
+    return dataclasses.replace(
+        tr,
+        records=records,
+        events=events,
+        parameter_count=tr.parameter_count + extra * tr.block_parameter_count,
+        trainable_parameter_count=(
+            tr.trainable_parameter_count + extra * tr.block_trainable_parameter_count
+        ),
+        flops={key: f * (1 + extra) if key[2] == 1 else f for key, f in tr.flops.items()},
+    )
 
 
 def _profile_key(p: MemoryProfile) -> tuple:

@@ -18,6 +18,7 @@ from transformers' Auto mappings (memfit.models.hf_tasks), not guessed from a cl
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -125,6 +126,10 @@ class ModelSpec:
     image_size: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: What builds the model, as text (catalog entry or config.json fields, head, input kind),
+    #: for the trace cache (memfit.estimator.trace_cache); None for a model memfit cannot name
+    #: that way (an nn.Module passed in, a factory's), which is never cached.
+    cache_key: str | None = None
 
     @property
     def batch_is_user_defined(self) -> bool:
@@ -270,7 +275,15 @@ def _from_catalog(entry: CatalogModel, task: str | None) -> ModelSpec:
         image_size=entry.image_size,
         extra={"entry": entry},
         notes=notes,
+        cache_key=_entry_key(entry, chosen),
     )
+
+
+def _entry_key(entry: CatalogModel, task: str) -> str:
+    """Every field of a catalog entry that shapes the model it builds, and the head."""
+    fields = {f.name: getattr(entry, f.name) for f in dataclasses.fields(entry)}
+    fields["config"] = dict(entry.config)
+    return json.dumps({"entry": fields, "task": task}, sort_keys=True, default=repr)
 
 
 def _from_hf_config(path: Path, task: str | None) -> ModelSpec:

@@ -43,6 +43,7 @@ from memfit.estimator.step_runner import Trace
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.planner.advice import what_would_fit
 from memfit.planner.cost import StepCost, step_cost
+from memfit.planner.plan_cache import cached_plan, plan_key
 from memfit.planner.shapes import (
     PLAN_LORA_RANK,
     WIDEN_WHEN_NOTHING_FITS,
@@ -130,6 +131,10 @@ class Plan:
     #: Opt-in techniques the search added because nothing fitted without them (the
     #: recommendation uses them; `--forbid` refuses them).
     widened: tuple[str, ...] = ()
+    #: Read back from memfit's plan cache (memfit.planner.plan_cache): `seconds` is the time
+    #: to read it, `search_seconds` the search's when it ran.
+    from_cache: bool = False
+    search_seconds: float | None = None
 
 
 def _shape_of(w: Workload) -> Shape:
@@ -388,9 +393,18 @@ def plan(
             f"Sequence length {goal.seq_len} is longer than {spec.name!r} supports "
             f"({spec.max_positions} positions)."
         )
+    key = plan_key(spec, gpu_obj.name, goal, n_gpus, sorted(allowed), sorted(forbid),
+                   host_memory=host_memory)  # fmt: skip
+    return cached_plan(key, lambda: _search_plan(
+        spec, gpu_obj, goal, n_gpus, allowed, set(forbid), trace_cache, host_memory, t0))
+
+
+def _search_plan(spec: ModelSpec, gpu_obj: Any, goal: Goal, n_gpus: int, allowed: set[str],
+                 forbid: set[str], trace_cache: dict[Any, Any] | None, host_memory: str | None,
+                 t0: float) -> Plan:  # fmt: skip
     shared = gpu_obj.compute_capability
     search = _Search(spec, goal, gpu_obj, n_gpus, _cached(trace_cache, shared), host_memory)
-    widened = _staged_search(search, spec, goal, gpu_obj, allowed, set(forbid), n_gpus)
+    widened = _staged_search(search, spec, goal, gpu_obj, allowed, forbid, n_gpus)
     fitting = [c for c in search.candidates if c.fits]
     best = min(fitting, key=lambda c: _preference(c, goal)) if fitting else None
     if best is not None and best.workload.checkpointing == "blocks" and spec.num_layers:
@@ -406,7 +420,7 @@ def plan(
     suggestions: list[str] = []
     if best is None:
         closest_miss = min(search.candidates, key=lambda c: c.device_total_bytes, default=None)
-        decided = allowed | set(forbid) | WIDEN_WHEN_NOTHING_FITS  # widened: searched
+        decided = allowed | forbid | WIDEN_WHEN_NOTHING_FITS  # widened: searched
         suggestions = what_would_fit(spec, goal.seq_len, gpu_obj, closest_miss, decided, n_gpus)
     return Plan(
         model=spec.name,

@@ -1,0 +1,45 @@
+"""Plans kept on disk: a plan asked again with the same inputs is read back, not searched.
+
+The key holds everything `memfit.plan` reads: the model (as the trace cache names it), the
+GPU, the goal, the GPU count, the techniques allowed and forbidden, the host RAM the plan
+checks against (this machine's when not given), and the code digest of the trace cache
+(memfit's source and the traced packages' versions). It lives beside the traces
+(memfit.estimator.trace_cache: same location, same `--no-cache` / MEMFIT_NO_CACHE switch).
+A plan whose model memfit cannot name (an nn.Module passed in) is never cached.
+
+A plan that differs in any input (another GPU, batch or sequence) is searched again, and
+reuses whatever traces the trace cache holds for it.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Callable
+from typing import Any
+
+from memfit.estimator.host_memory import machine_ram_bytes
+from memfit.estimator.trace_cache import key_of, lookup, store
+from memfit.models.sources import ModelSpec
+
+
+def plan_key(spec: ModelSpec, *inputs: Any, host_memory: str | None) -> str | None:
+    """The cache key of a plan of `spec` with `inputs`, or None (not cached)."""
+    if spec.cache_key is None or spec.make_batch is not None:
+        return None
+    host = host_memory if host_memory is not None else machine_ram_bytes()
+    return key_of("plan", spec.cache_key, host, *inputs)
+
+
+def cached_plan(key: str | None, search: Callable[[], Any]) -> Any:
+    """The plan stored under `key` (its `from_cache` set, `seconds` the time to read it),
+    else `search()`'s, stored."""
+    t0 = time.perf_counter()
+    hit = lookup("plan", key, pickle.loads)  # a fresh copy each time
+    if hit is not None:
+        hit.from_cache = True
+        hit.search_seconds, hit.seconds = hit.seconds, time.perf_counter() - t0
+        return hit
+    plan = search()
+    store("plan", key, pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))
+    return plan

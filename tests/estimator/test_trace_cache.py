@@ -1,0 +1,214 @@
+"""The trace and plan cache (memfit.estimator.trace_cache, memfit.planner.plan_cache).
+
+The suite runs with the cache off (tests/conftest.py); these tests turn it on, each with its own
+folder. "A new process" is simulated by `forget()` (the memory copies dropped, the disk kept).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import memfit
+from memfit.cli.app import app
+from memfit.estimator import estimate as estimate_module
+from memfit.estimator import trace_cache
+from memfit.estimator.estimate import trace_key, trace_spec
+from memfit.models.sources import resolve_model
+from memfit.planner import search as search_module
+from memfit.planner.search import Goal
+from memfit.profile import MemoryProfile
+from tests.conftest import tiny_gpt2
+
+CFG = dict(
+    model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128, hidden_size=64,
+    intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+    max_position_embeddings=64,
+)  # fmt: skip
+W = memfit.Workload(batch_size=2, seq_len=16, precision="bf16-mixed")
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("MEMFIT_CACHE_DIR", str(root))
+    trace_cache.forget()
+    with trace_cache.caching(True):
+        yield root
+    trace_cache.forget()
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CFG))
+    return str(path)
+
+
+def _no_tracing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_a, **_k):
+        raise AssertionError("traced although the trace was cached")
+
+    monkeypatch.setattr(estimate_module, "_trace_spec", refuse)
+
+
+def _same(a: memfit.Estimate, b: memfit.Estimate) -> None:
+    pa, pb = a.profile, b.profile
+    assert (pa.peak_allocated_bytes, pa.peak_reserved_bytes, pa.device_total_bytes) == (
+        pb.peak_allocated_bytes, pb.peak_reserved_bytes, pb.device_total_bytes
+    )  # fmt: skip
+    assert pa.breakdown == pb.breakdown and pa.by_module == pb.by_module
+    assert pa.timeline == pb.timeline and a.flops == b.flops
+    assert (a.parameter_count, a.num_blocks, a.replayed) == (b.parameter_count, b.num_blocks, b.replayed)
+
+
+def test_a_new_process_reads_the_trace_back_and_estimates_the_same(
+    cache: Path, config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = memfit.estimate(config, W, gpu="rtx-4090")
+    assert first.replayed and len(list((cache / "traces").glob("*.pkl"))) == 1
+    trace_cache.forget()  # a new process: only the disk is left
+    _no_tracing(monkeypatch)
+    _same(memfit.estimate(config, W, gpu="rtx-4090"), first)
+    # Another GPU of the same compute capability reads the same trace.
+    assert memfit.estimate(config, W, gpu="l4").profile.peak_allocated_bytes == (
+        first.profile.peak_allocated_bytes
+    )
+
+
+def test_the_stored_form_gives_back_the_trace_exactly(cache: Path, config: str) -> None:
+    spec = resolve_model(config)
+    tr, n, replayed = trace_spec(spec, W, (8, 0))
+    back, n2, replayed2 = trace_cache.unpack_trace(trace_cache.pack_trace((tr, n, replayed)))
+    assert (n2, replayed2) == (n, replayed)
+    assert back.events == tr.events and back.records == tr.records
+    assert {k: v for k, v in vars(back).items() if k not in ("events", "records")} == {
+        k: v for k, v in vars(tr).items() if k not in ("events", "records")
+    }
+    assert all(type(r.category) is type(tr.records[s].category) for s, r in back.records.items())
+    # What a caller changes does not reach the cache.
+    back.events.clear()
+    again, _, _ = trace_spec(spec, W, (8, 0))
+    assert again.events == tr.events
+
+
+def test_the_key_follows_everything_that_changes_a_trace(config: str, tmp_path: Path) -> None:
+    spec = resolve_model(config)
+    base = trace_key(spec, W, (8, 0), True)
+    assert base == trace_key(resolve_model(config), W.with_(gpu="rtx-4090"), (8, 0), True)
+    assert base == trace_key(spec, W.with_(host_memory="64GiB"), (8, 0), True)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**CFG, "intermediate_size": 256}))
+    changed = [
+        trace_key(spec, W.with_(batch_size=3), (8, 0), True),
+        trace_key(spec, W.with_(checkpointing="blocks"), (8, 0), True),
+        trace_key(spec, W, (9, 0), True),
+        trace_key(spec, W, None, True),
+        trace_key(spec, W, (8, 0), False),
+        trace_key(resolve_model(other), W, (8, 0), True),
+        trace_key(resolve_model(config, task="seq-classification"), W, (8, 0), True),
+    ]
+    assert base not in changed and len(set(changed)) == len(changed)
+
+
+def test_a_change_to_the_code_misses(config: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = resolve_model(config)
+    before = trace_key(spec, W, (8, 0), True)
+    monkeypatch.setattr(trace_cache, "_code_digest", "memfit edited")
+    assert trace_key(spec, W, (8, 0), True) != before
+
+
+def test_models_memfit_cannot_name_are_not_cached(cache: Path) -> None:
+    spec = resolve_model(tiny_gpt2())
+    assert spec.cache_key is None and trace_key(spec, W, (8, 0), True) is None
+    memfit.estimate(tiny_gpt2(), memfit.Workload(batch_size=1, seq_len=8))
+    assert not (cache / "traces").exists()
+
+
+def test_off_stores_and_reads_nothing(tmp_path: Path, config: str, monkeypatch) -> None:
+    root = tmp_path / "off"
+    monkeypatch.setenv("MEMFIT_CACHE_DIR", str(root))
+    monkeypatch.setenv("MEMFIT_NO_CACHE", "1")
+    trace_cache.forget()
+    assert not trace_cache.enabled()
+    memfit.estimate(config, W)
+    assert not root.exists()
+
+
+def test_a_damaged_file_is_a_miss_and_is_removed(
+    cache: Path, config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = memfit.estimate(config, W)
+    (path,) = (cache / "traces").glob("*.pkl")
+    path.write_bytes(path.read_bytes()[:100])  # cut short
+    trace_cache.forget()
+    _same(memfit.estimate(config, W), first)  # traced again
+    assert path.exists() and path.stat().st_size > 100  # and stored again
+
+
+def test_the_oldest_files_go_first_above_the_limit(cache: Path, monkeypatch) -> None:
+    folder = cache / "traces"
+    for i, size in enumerate((300, 300, 300)):
+        trace_cache.store("trace", f"k{i}", b"x" * size)
+    assert len(list(folder.glob("*.pkl"))) == 3
+    monkeypatch.setenv("MEMFIT_CACHE_MAX_BYTES", "700")
+    trace_cache.store("trace", "k3", b"y" * 300)
+    left = {p.stem for p in folder.glob("*.pkl")}
+    assert len(left) == 2 and "k3" in left
+
+
+def test_a_plan_asked_again_is_read_back(
+    cache: Path, config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    goal = Goal(global_batch=4, seq_len=16)
+    first = memfit.plan(config, gpu="rtx-4090", goal=goal)
+    assert not first.from_cache and first.best is not None
+    trace_cache.forget()
+
+    def refuse(*_a, **_k):
+        raise AssertionError("searched although the plan was cached")
+
+    monkeypatch.setattr(search_module, "_search_plan", refuse)
+    again = memfit.plan(config, gpu="rtx-4090", goal=goal)
+    assert again.from_cache and again.search_seconds == pytest.approx(first.seconds)
+    assert again.best.workload == first.best.workload
+    assert again.best.device_total_bytes == first.best.device_total_bytes
+    # Another input is another plan.
+    with pytest.raises(AssertionError, match="searched although"):
+        memfit.plan(config, gpu="rtx-4090", goal=Goal(global_batch=8, seq_len=16))
+
+
+def test_no_cache_plans_again_and_memfit_cache_shows_and_clears(
+    cache: Path, config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = CliRunner()
+    args = ["plan", config, "--gpu", "rtx-4090", "--global-batch", "4", "--seq", "16"]
+    assert runner.invoke(app, args).exit_code == 0
+    shown = runner.invoke(app, ["cache"])
+    assert shown.exit_code == 0 and str(cache) in shown.output
+    assert "plans       1 files" in shown.output
+    calls = []
+    real = search_module._search_plan
+    monkeypatch.setattr(search_module, "_search_plan", lambda *a: calls.append(1) or real(*a))
+    try:
+        assert runner.invoke(app, [*args, "--no-cache"]).exit_code == 0
+    finally:
+        trace_cache.set_enabled(None)
+    assert calls == [1]
+    cleared = runner.invoke(app, ["cache", "--clear"])
+    assert cleared.exit_code == 0 and "removed" in cleared.output
+    assert trace_cache.entries(cache) == []
+
+
+def test_profiles_from_a_cached_trace_equal_the_traced_ones(cache: Path, config: str) -> None:
+    spec = resolve_model(config)
+    w = W.with_(checkpointing="blocks", grad_accum=2)
+    tr, _, _ = trace_spec(spec, w, (8, 0), verify=False)
+    trace_cache.forget()
+    back, _, _ = trace_spec(spec, w, (8, 0), verify=False)
+    a = MemoryProfile.from_events(tr.records, tr.events)
+    b = MemoryProfile.from_events(back.records, back.events)
+    assert a.timeline == b.timeline and a.breakdown == b.breakdown
