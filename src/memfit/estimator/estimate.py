@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,9 +20,10 @@ from memfit.errors import BadInputError
 from memfit.estimator.device_memory import FIT_MARGIN_FRACTION, attach_device_memory
 from memfit.estimator.generation import generation_figures, trace_generation, without_markers
 from memfit.estimator.host_memory import HostMemory
+from memfit.estimator.parallel import run_all
 from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch, expand
 from memfit.estimator.step_runner import Trace, run_trace, traced_micro_batches
-from memfit.estimator.trace_cache import cached_trace, key_of
+from memfit.estimator.trace_cache import cached_trace, key_of, pack_trace, unpack_trace
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.profile import MemoryProfile
 from memfit.techniques.activation_offload import offload_note
@@ -192,10 +194,10 @@ def _trace_spec(
         entry = spec.extra.get("entry")
         uniform = entry is None or _uniform_layers(entry.config)
         if uniform:
-            tr = run_trace(spec, w, capability, num_layers=TRACED_BLOCKS)
+            four, tr = _short_traces(spec, w, capability, verify)
             if len(tr.block_paths) == TRACED_BLOCKS:
                 try:
-                    if not verify or _replay_verified(spec, w, capability, tr):
+                    if four is None or _replay_verified(tr, four):
                         return _expanded(tr, n), n, True
                 except ReplayMismatch:
                     pass
@@ -224,9 +226,21 @@ def _profile_key(p: MemoryProfile) -> tuple:
     return (p.peak_allocated_bytes, p.breakdown, p.by_module, phases, p.timeline)
 
 
-def _replay_verified(
-    spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, traced: Trace
-) -> bool:
+def _short_traces(
+    spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, verify: bool
+) -> tuple[Trace | None, Trace]:
+    """The traces of `TRACED_BLOCKS + 1` blocks (None without `verify`) and of
+    `TRACED_BLOCKS`, side by side where there are cores for it (memfit.estimator.parallel)."""
+    blocks = [TRACED_BLOCKS + 1, TRACED_BLOCKS] if verify else [TRACED_BLOCKS]
+    traces = run_all(
+        [functools.partial(run_trace, spec, w, capability, num_layers=n) for n in blocks],
+        pack=lambda t: pack_trace((t, 0, False)),
+        unpack=lambda packed: unpack_trace(packed)[0],
+    )
+    return (traces[0] if verify else None), traces[-1]
+
+
+def _replay_verified(traced: Trace, four: Trace) -> bool:
     """Guard: expanding the 3-block trace to 4 blocks must match a real 4-block trace.
 
     Same live-bytes timeline, event for event, and so the same peak, breakdown, per-module
@@ -235,7 +249,6 @@ def _replay_verified(
     docs/accuracy.md) at the cost of one more short trace.
     """
 
-    four = run_trace(spec, w, capability, num_layers=TRACED_BLOCKS + 1)
     records, events = expand(traced.records, traced.events, TRACED_BLOCKS + 1, traced.block_paths)
     expanded = MemoryProfile.from_events(records, events)
     actual = MemoryProfile.from_events(four.records, four.events)

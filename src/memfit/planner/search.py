@@ -30,20 +30,23 @@ cannot be trained by itself).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError, TraceError
 from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
-from memfit.estimator.estimate import Estimate, estimate_from_trace, trace_spec
+from memfit.estimator.estimate import estimate_from_trace, trace_spec
+from memfit.estimator.parallel import run_all
 from memfit.estimator.step_runner import Trace
+from memfit.estimator.trace_cache import pack_trace, unpack_trace
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.planner.advice import what_would_fit
-from memfit.planner.cost import StepCost, step_cost
+from memfit.planner.cost import step_cost
 from memfit.planner.plan_cache import cached_plan, plan_key
+from memfit.planner.results import Candidate, Goal, Plan
 from memfit.planner.shapes import (
     PLAN_LORA_RANK,
     WIDEN_WHEN_NOTHING_FITS,
@@ -58,83 +61,6 @@ from memfit.planner.shapes import (
 )
 from memfit.planner.work import work_of
 from memfit.workload import LoraConfig, Workload
-
-
-@dataclass(frozen=True, kw_only=True)
-class Goal:
-    """What the plan must keep: the global batch and sequence, and optionally more.
-
-    Attributes:
-        global_batch: samples per optimizer step (micro-batch x accumulation x GPUs).
-        seq_len: tokens per sample (text models).
-        image_size: image side (vision models).
-        precision: keep this precision (None: the planner may choose).
-        optimizer: keep this optimizer (None: the planner may choose).
-    """
-
-    global_batch: int
-    seq_len: int | None = None
-    image_size: int | None = None
-    precision: str | None = None
-    optimizer: str | None = None
-
-    def __post_init__(self) -> None:
-        gb = self.global_batch
-        if isinstance(gb, bool) or not isinstance(gb, int) or gb <= 0:
-            raise BadInputError(
-                f"global_batch must be a positive integer, got {gb!r}. "
-                "Pass e.g. Goal(global_batch=32)."
-            )
-        # Validate the fixed choices with Workload's own checks.
-        Workload(
-            seq_len=self.seq_len,
-            image_size=self.image_size,
-            precision=self.precision or "fp32",
-            optimizer=self.optimizer or "adamw",
-        )
-
-
-@dataclass(kw_only=True)
-class Candidate:
-    """One configuration the planner estimated."""
-
-    workload: Workload
-    estimate: Estimate
-    cost: StepCost
-
-    @property
-    def device_total_bytes(self) -> int:
-        return self.estimate.profile.device_total_bytes or 0
-
-    @property
-    def fits(self) -> bool:
-        return bool(self.estimate.fits)
-
-
-@dataclass(kw_only=True)
-class Plan:
-    """The result of `plan`: the recommendation, the alternatives, and why."""
-
-    model: str
-    gpu: Any
-    goal: Goal
-    best: Candidate | None
-    pareto: list[Candidate]
-    baseline: Candidate | None
-    closest_miss: Candidate | None
-    suggestions: list[str] = field(default_factory=list)
-    #: A faster fitting configuration that changes the optimizer (not recommended for that).
-    other_optimizer: Candidate | None = None
-    evaluated: int = 0
-    traces: int = 0
-    seconds: float = 0.0
-    #: Opt-in techniques the search added because nothing fitted without them (the
-    #: recommendation uses them; `--forbid` refuses them).
-    widened: tuple[str, ...] = ()
-    #: Read back from memfit's plan cache (memfit.planner.plan_cache): `seconds` is the time
-    #: to read it, `search_seconds` the search's when it ran.
-    from_cache: bool = False
-    search_seconds: float | None = None
 
 
 def _shape_of(w: Workload) -> Shape:
@@ -199,6 +125,17 @@ class _Search:
             host_memory=self.host_memory,
         )
 
+    def prefetch(self, pairs: list[tuple[Shape, int]]) -> None:
+        """Trace (shape, micro-batch) pairs the search is about to evaluate, side by side
+        (memfit.estimator.parallel); a pair that fails is left for `evaluate` to report."""
+        todo = [(s, mb) for s, mb in dict.fromkeys(pairs)
+                if (s, mb) not in self.traces and s not in self.untraceable]  # fmt: skip
+        jobs = [functools.partial(_trace_or_none, self.spec, self.workload(s, mb, False, False),
+                                  self.gpu.compute_capability) for s, mb in todo]  # fmt: skip
+        for pair, traced in zip(todo, run_all(jobs, pack=_pack, unpack=_unpack), strict=True):
+            if traced is not None:
+                self.traces[pair] = traced
+
     def evaluate(self, shape: Shape, mb: int, placements: list[tuple[bool, bool]]) -> list[
         Candidate
     ]:  # fmt: skip
@@ -244,6 +181,21 @@ class _Search:
         return out
 
 
+def _trace_or_none(spec: ModelSpec, w: Workload, capability: Any) -> _Traced | None:
+    try:
+        return trace_spec(spec, w, capability, verify=False)
+    except (TraceError, BadInputError):
+        return None
+
+
+def _pack(traced: _Traced | None) -> Any:
+    return None if traced is None else pack_trace(traced)
+
+
+def _unpack(packed: Any) -> _Traced | None:
+    return None if packed is None else unpack_trace(packed)
+
+
 def _explore(
     search: _Search,
     spec: ModelSpec,
@@ -282,14 +234,17 @@ def _explore(
     # Probe the lightest shapes at the smallest micro-batch first: a light shape that does not
     # fit rules out every heavier one before any of them is traced.
     lightest = [s for s in todo if not any(heavier(s, t) and s != t for t in todo)]
+    search.prefetch([(s, micro_of(s)[0]) for s in lightest])
     for shape in lightest:
         probe = search.evaluate(shape, micro_of(shape)[0], places_of(shape))
         # An untraceable shape (no candidates) rules out nothing heavier.
         if probe and not any(c.fits for c in probe):
             failed.append(shape)
-    for shape in todo:
-        if any(heavier(shape, f) for f in failed):
-            continue
+    left = [s for s in todo if not any(heavier(s, f) for f in failed)]
+    search.prefetch(
+        [(s, m) for s in left for m in dict.fromkeys((micro_of(s)[-1], micro_of(s)[0]))]
+    )
+    for shape in left:
         micro = micro_of(shape)
         # The largest micro-batch first: if it fits, nothing of this shape is faster; if not,
         # its cost bounds every smaller micro-batch from below (less efficient, more launches;
@@ -395,8 +350,12 @@ def plan(
         )
     key = plan_key(spec, gpu_obj.name, goal, n_gpus, sorted(allowed), sorted(forbid),
                    host_memory=host_memory)  # fmt: skip
-    return cached_plan(key, lambda: _search_plan(
-        spec, gpu_obj, goal, n_gpus, allowed, set(forbid), trace_cache, host_memory, t0))
+    return cached_plan(
+        key,
+        lambda: _search_plan(
+            spec, gpu_obj, goal, n_gpus, allowed, set(forbid), trace_cache, host_memory, t0
+        ),
+    )
 
 
 def _search_plan(spec: ModelSpec, gpu_obj: Any, goal: Goal, n_gpus: int, allowed: set[str],

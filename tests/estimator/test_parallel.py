@@ -1,0 +1,70 @@
+"""Traces side by side in forked children (memfit.estimator.parallel): the same results as one
+after another, and a failing job raises here as it would without children."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import memfit
+from memfit.errors import BadInputError
+from memfit.estimator import parallel
+
+CFG = dict(
+    model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128, hidden_size=64,
+    intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+    max_position_embeddings=64,
+)  # fmt: skip
+
+needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+@needs_fork
+def test_jobs_run_in_children_and_come_back_in_order(monkeypatch) -> None:
+    monkeypatch.setenv("MEMFIT_JOBS", "3")
+    jobs = [lambda i=i: (i * i, os.getpid()) for i in range(7)]
+    out = parallel.run_all(jobs)
+    assert [v for v, _ in out] == [i * i for i in range(7)]
+    assert len({pid for _, pid in out}) > 1  # some ran in children
+    assert out[-1][1] == os.getpid()  # this process takes from the back
+
+
+def test_off_by_default_and_sequential_with_one_job(monkeypatch) -> None:
+    monkeypatch.delenv("MEMFIT_JOBS", raising=False)
+    assert parallel.workers() == 1
+    assert {pid for pid in parallel.run_all([_pid, _pid, _pid])} == {os.getpid()}
+    monkeypatch.setenv("MEMFIT_JOBS", "not a number")
+    assert parallel.workers() == 1
+
+
+@needs_fork
+def test_a_failing_job_raises_here(monkeypatch) -> None:
+    monkeypatch.setenv("MEMFIT_JOBS", "2")
+
+    def bad() -> int:
+        raise BadInputError("the job's own error")
+
+    with pytest.raises(BadInputError, match="the job's own error"):
+        parallel.run_all([bad, lambda: 1])
+
+
+@needs_fork
+def test_an_estimate_with_children_equals_one_without(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CFG))
+    w = memfit.Workload(batch_size=2, seq_len=16, precision="bf16-mixed", grad_accum=2)
+    monkeypatch.setenv("MEMFIT_JOBS", "1")
+    alone = memfit.estimate(str(path), w, gpu="rtx-4090")
+    monkeypatch.setenv("MEMFIT_JOBS", "2")
+    side_by_side = memfit.estimate(str(path), w, gpu="rtx-4090")
+    assert alone.replayed and side_by_side.replayed
+    a, b = alone.profile, side_by_side.profile
+    assert a.timeline == b.timeline and a.breakdown == b.breakdown and a.by_module == b.by_module
+    assert a.device_total_bytes == b.device_total_bytes and alone.flops == side_by_side.flops
