@@ -68,9 +68,10 @@ def what_would_fit(
         f"More GPUs (`--gpus {2 * n_gpus}`): FSDP2 shards parameters, gradients and optimizer "
         "state over them."
     )
-    opt_in = [
-        f"--allow {name}" for name in ("pure-precision", "lora", "qlora") if name not in decided
-    ]
+    names = ["pure-precision", "lora", "qlora"]
+    if miss is not None and miss.workload.teacher is not None:
+        names += ["quantized-teacher", "offline-logits"]  # the distillation's opt-in savers
+    opt_in = [f"--allow {name}" for name in names if name not in decided]
     if opt_in:
         out.append(
             "Techniques that change the training, if you accept that: " + ", ".join(opt_in) + "."

@@ -30,7 +30,8 @@ The model, per GPU and per optimizer step (every term below is in `StepCost`):
   come up every step. An embedding kept on the CPU also sends its activations and gradients
   across; offloaded activations go down in forward and come back in backward; a paged
   optimizer's evicted pages come and go; FSDP2's CPU offload copies the parameters up for
-  every all-gather. (Dequantizing quantized weights is HBM traffic, added to compute.)
+  every all-gather; an offline distillation's top-k teacher logits come with each batch.
+  (Dequantizing quantized weights is HBM traffic, added to compute.)
   Neither this nor the CPU update is assumed to overlap with GPU compute. That is
   conservative: DeepSpeed overlaps part of it.
 * ``communication_seconds``: the *exposed* part of the sharding collectives (FSDP / ZeRO all-gather
@@ -190,7 +191,10 @@ class StepWork:
             copied to the device for every other forward and backward all-gather.
         dequantized_bytes_per_step: HBM bytes of dequantizing quantized weights: each matmul
             reads the packed weight and writes, then reads, a 16-bit copy, in every forward,
-            backward and recomputation.
+            backward and recomputation (a distillation teacher's: forward only; an LLM.int8
+            teacher's: its activations quantized and its int32 outputs dequantized).
+        offline_logits_bytes_per_step: an offline distillation's precomputed top-k teacher
+            logits and token ids, copied to the device with each micro-batch.
     """
 
     forward_flops: int
@@ -212,6 +216,7 @@ class StepWork:
     paged_bytes_per_step: int = 0
     fsdp_offload_bytes_per_step: int = 0
     dequantized_bytes_per_step: int = 0
+    offline_logits_bytes_per_step: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -230,6 +235,7 @@ class StepWork:
             "paged_bytes_per_step",
             "fsdp_offload_bytes_per_step",
             "dequantized_bytes_per_step",
+            "offline_logits_bytes_per_step",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -420,6 +426,7 @@ def _host_traffic(work: StepWork, gpu: GPU, notes: list[str]) -> tuple[float, fl
         (work.activation_offload_bytes_per_step, "offloaded activations"),
         (work.paged_bytes_per_step, "paged optimizer state that does not stay on the device"),
         (work.fsdp_offload_bytes_per_step, "FSDP2 CPU offload's parameter copies"),
+        (work.offline_logits_bytes_per_step, "offline teacher logits with the batch"),
     ):
         if nbytes > 0:
             seconds = nbytes / pcie

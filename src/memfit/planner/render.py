@@ -6,6 +6,7 @@ from typing import Any
 
 from memfit.planner.limits import Limit
 from memfit.planner.search import Candidate, Plan
+from memfit.planner.shapes import PLAN_LOSS_CHUNKS, teacher_of
 from memfit.techniques import labels as technique_labels
 from memfit.units import format_bytes
 
@@ -33,6 +34,12 @@ def apply_code(c: Candidate, model: str, gpu: str) -> str:
         fields.append(f"quantize={w.quantize!r}")
     if w.chunked_loss is not None:
         fields.append(f"chunked_loss={w.chunked_loss}")
+    if w.teacher is not None:
+        fields.append(f"teacher={w.teacher!r}")
+        for name, plain in (("distill_loss", "kl"), ("teacher_quantize", None),
+                            ("teacher_top_k", None)):  # fmt: skip
+            if getattr(w, name) != plain:
+                fields.append(f"{name}={getattr(w, name)!r}")
     for flag in (
         "offload_optimizer",
         "embedding_on_cpu",
@@ -52,9 +59,15 @@ def apply_code(c: Candidate, model: str, gpu: str) -> str:
         )
     head += f"import memfit\nworkload = memfit.Workload({', '.join(fields)})\n"
     device = ', device="cuda"' if w.gpus > 1 else ""
+    teacher, batch = "", ""
+    if w.teacher is not None and w.teacher_top_k is None:
+        teacher = ", teacher=teacher"  # the teacher module, cast and frozen in place
+    elif w.teacher is not None:
+        batch = "  # with the teacher's top-k logits and token ids, computed beforehand"
     return head + (
-        f"setup = memfit.apply_(model, workload{device})  # your nn.Module, changed in place\n"
-        "for batch in loader:\n"
+        f"setup = memfit.apply_(model, workload{device}{teacher})  # your nn.Module, changed "
+        "in place\n"
+        f"for batch in loader:{batch}\n"
         "    loss = setup.step(batch)  # micro-batches, autocast, optimizer step; a float"
     )
 
@@ -77,6 +90,10 @@ def _candidate_json(c: Candidate) -> dict[str, Any]:
         "offload_activations": c.workload.offload_activations,
         "chunked_loss": c.workload.chunked_loss,
         "fsdp_cpu_offload": c.workload.fsdp_cpu_offload,
+        "teacher": c.workload.teacher,
+        "distill_loss": c.workload.distill_loss if c.workload.teacher else None,
+        "teacher_quantize": c.workload.teacher_quantize,
+        "teacher_top_k": c.workload.teacher_top_k,
         "host_bytes": c.estimate.host.peak_bytes if c.estimate.host is not None else None,
         "peak_allocated_bytes": p.peak_allocated_bytes,
         "peak_reserved_bytes": p.peak_reserved_bytes,
@@ -96,6 +113,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
             "seq_len": plan.goal.seq_len,
             "precision": plan.goal.precision,
             "optimizer": plan.goal.optimizer,
+            "teacher": teacher_of(plan.goal),
         },
         "fits": plan.best is not None,
         "widened": list(plan.widened),
@@ -115,6 +133,31 @@ def _top_categories(c: Candidate, n: int = 3) -> str:
     b = c.estimate.profile.breakdown
     top = sorted(((v, k) for k, v in b.items() if v), reverse=True)[:n]
     return ", ".join(f"{k} {format_bytes(v)}" for v, k in top)
+
+
+def _distillation_lines(plan: Plan) -> list[str]:
+    """What the recommendation changes in the distillation, and why: the options it uses
+    beyond the plain one (the KL of both full logits, the teacher online and unquantized)."""
+    assert plan.best is not None
+    w = plan.best.workload
+    used = []
+    if w.distill_loss == "chunked-kl":
+        used.append(
+            f"the KL over {PLAN_LOSS_CHUNKS} chunks of the positions (distill_loss='chunked-kl': "
+            "one chunk's logits alive at a time, recomputed in backward; the same loss)"
+        )
+    if w.teacher_quantize is not None:
+        used.append(
+            f"the teacher quantized to {w.teacher_quantize} (teacher_quantize="
+            f"{w.teacher_quantize!r}: its outputs change slightly)"
+        )
+    if w.teacher_top_k is not None:
+        used.append(
+            f"the teacher's top-{w.teacher_top_k} logits computed beforehand and read with the "
+            f"batch (teacher_top_k={w.teacher_top_k}: no teacher in the step; one teacher pass "
+            "over the data first)"
+        )
+    return ["  distillation: " + "; ".join(used)] if used else []
 
 
 def render_plan(plan: Plan) -> str:
@@ -154,6 +197,7 @@ def render_plan(plan: Plan) -> str:
                 "(16-bit weights, gradients and optimizer state, no fp32 master copy). Accept "
                 f"it with --allow {names}, or refuse it with --forbid {names}."
             )
+        lines += _distillation_lines(plan)
         if plan.other_optimizer is not None:
             o = plan.other_optimizer
             lines.append(

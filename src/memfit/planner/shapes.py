@@ -17,12 +17,19 @@ as before and the heavier savers are traced only when they are needed:
    chunked loss for causal LMs.
 3. `offload_shapes`, when nothing fits still: FSDP2's CPU offload of parameters, gradients and
    optimizer state (also on one GPU), at the cost of PCIe traffic every micro-batch.
+
+With a teacher (knowledge distillation, `Goal.teacher`), the distillation's own options are
+searched too (`distillations`): the KL over chunks of the positions ("chunked-kl", with the
+chunked loss), a teacher quantized to NF4 or LLM.int8 (opt-in: its outputs change slightly) and
+the teacher's top-k logits computed beforehand and read with the batch (opt-in: it changes the
+recipe, and needs a pass of the teacher over the data). Stage 1 tries each on the usual
+optimizer; the later stages use the lightest allowed.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.errors import BadInputError, closest
@@ -39,17 +46,24 @@ TECHNIQUES = {
     "paged-optimizer": "optimizer state in CUDA unified memory (bitsandbytes paged AdamW)",
     "optimizer-in-backward": "step each parameter as its gradient lands (no accumulation)",
     "activation-offload": "keep saved activations in pinned CPU memory",
-    "chunked-loss": "cross-entropy over chunks of the sequence (causal LMs)",
+    "chunked-loss": "cross-entropy over chunks of the sequence (causal LMs); with a teacher, "
+    "the distillation KL over chunks (chunked-kl)",
     "offload": "optimizer state and update on the CPU",
     "fsdp-offload": "FSDP2 CPU offload of parameters, gradients and optimizer state",
     "cpu-embedding": "input embedding table on the CPU",
     "tied-embeddings": "share the input embedding with the output projection (changes the model)",
     "lora": "train LoRA adapters on a frozen base (changes what is trained)",
     "qlora": "LoRA adapters on a 4-bit NF4 base (changes what is trained and the weights)",
+    "quantized-teacher": "the distillation teacher's weights in NF4 or LLM.int8 (its outputs "
+    "change slightly)",
+    "offline-logits": "the teacher's top-k logits computed beforehand and read with the batch: "
+    "no teacher in the step (changes the recipe; one teacher pass over the data first)",
 }
 #: Techniques that change the model, what is trained, or its numerics (no fp32 master
 #: weights): used only when allowed explicitly.
-OPT_IN = frozenset({"tied-embeddings", "lora", "qlora", "pure-precision"})
+OPT_IN = frozenset(
+    {"tied-embeddings", "lora", "qlora", "pure-precision", "quantized-teacher", "offline-logits"}
+)
 #: Opt-in techniques searched anyway when nothing fits without them, because they keep the
 #: model and what is trained (pure bf16 is how torchtune fine-tunes full models); the plan says
 #: so, and `--forbid` refuses them. LoRA and tied embeddings change the model: suggested only.
@@ -64,6 +78,34 @@ PLAN_LOSS_CHUNKS = 8
 PLAN_ACTIVATION_OFFLOAD = "torchtune"
 #: The quantization QLoRA uses (Dettmers et al. 2023: NF4 with double quantization).
 PLAN_QLORA_QUANTIZE = "nf4-dq"
+#: Teacher quantizations tried with "quantized-teacher": bitsandbytes NF4 (4-bit; the lightest)
+#: and LLM.int8 (8-bit, closer to the 16-bit teacher's outputs).
+PLAN_TEACHER_QUANTIZE = ("nf4", "int8")
+#: Teacher logits kept per position with "offline-logits": arcee-ai DistillKit's example of a
+#: teacher served by vLLM (examples/vllm_teacher.yml, `top_k: 256`).
+PLAN_TEACHER_TOP_K = 256
+
+
+@dataclass(frozen=True)
+class Distillation:
+    """How a shape distills from the goal's teacher (workload.Workload's fields of the same
+    names); the default is the plain one: the KL of both full logits, the teacher online and
+    unquantized."""
+
+    distill_loss: str = "kl"
+    teacher_quantize: str | None = None
+    teacher_top_k: int | None = None
+
+    @property
+    def plain(self) -> bool:
+        return self == PLAIN
+
+    @property
+    def chunked(self) -> bool:
+        return self.distill_loss == "chunked-kl"
+
+
+PLAIN = Distillation()
 
 
 def divisors(n: int) -> list[int]:
@@ -83,6 +125,33 @@ class Shape:
     offload_activations: bool | str = False
     chunked_loss: int | None = None
     fsdp_offload: bool = False
+    distill: Distillation = field(default=PLAIN)
+
+    def distillation(self, goal: Any) -> dict[str, Any]:
+        """The Workload fields of the goal's teacher and this shape's distillation ({} without
+        a teacher)."""
+        teacher = teacher_of(goal)
+        if teacher is None:
+            return {}
+        d = self.distill
+        return {
+            "teacher": teacher,
+            "distill_loss": d.distill_loss,
+            "teacher_quantize": d.teacher_quantize,
+            "teacher_top_k": d.teacher_top_k,
+        }
+
+
+def teacher_of(goal: Any) -> str | None:
+    """The goal's distillation teacher (`Goal.teacher`), or None."""
+    return getattr(goal, "teacher", None)
+
+
+def distillation_of(w: Any) -> Distillation:
+    """A workload's distillation options as a shape holds them."""
+    if w.teacher is None:
+        return PLAIN
+    return Distillation(w.distill_loss, w.teacher_quantize, w.teacher_top_k)
 
 
 _PRECISION_WEIGHT = {"bf16-true": 0, "fp16-true": 0, "bf16-mixed": 1, "fp16-mixed": 1, "fp32": 2}
@@ -101,6 +170,17 @@ def _optimizer_heavier(a: str, b: str) -> bool:
     return a == b or _OPTIMIZER_WEIGHT[a] > _OPTIMIZER_WEIGHT[b]
 
 
+def _teacher_heavier(a: Distillation, b: Distillation) -> bool:
+    # A teacher in the step is heavier than none (offline logits: (B, S, K) values and ids in
+    # the batch); a 16-bit teacher than an NF4 one. LLM.int8 is compared with neither: its
+    # weights are lighter than 16-bit ones, its int32 matmul outputs heavier than both.
+    if a.teacher_top_k is not None or b.teacher_top_k is not None:
+        return a.teacher_top_k == b.teacher_top_k or b.teacher_top_k is not None
+    return a.teacher_quantize == b.teacher_quantize or (
+        a.teacher_quantize is None and b.teacher_quantize in ("nf4", "nf4-dq", "fp4")
+    )
+
+
 def heavier(a: Shape, b: Shape) -> bool:
     """True when shape `a` needs at least as much memory as `b` in every respect, at the same
     micro-batch. Shapes with and without the step in backward are never compared: they run at
@@ -116,6 +196,8 @@ def heavier(a: Shape, b: Shape) -> bool:
         and (not a.offload_activations or a.offload_activations == b.offload_activations)
         and (a.chunked_loss is None or b.chunked_loss is not None)
         and (not a.fsdp_offload or b.fsdp_offload)
+        and (not a.distill.chunked or b.distill.chunked)
+        and _teacher_heavier(a.distill, b.distill)
     )
 
 
@@ -137,9 +219,11 @@ def allowed_techniques(allow: tuple[str, ...], forbid: tuple[str, ...]) -> set[s
 def _sorted(shapes: list[Shape]) -> list[Shape]:
     # Fastest first (16-bit compute, no recomputation, nothing over PCIe), lightest next: a good
     # plan found early bounds the rest, and a light shape that fails rules out the heavier ones.
+    # Offline logits run no teacher (faster); a quantized teacher dequantizes (slower).
     return sorted(shapes, key=lambda s: (
         s.precision == "fp32", s.fsdp_offload, bool(s.offload_activations),
-        s.checkpointing != "off",
+        s.distill.teacher_top_k is None, s.checkpointing != "off",
+        s.distill.teacher_quantize is not None, s.distill.chunked,
         _PRECISION_WEIGHT[s.precision] + _OPTIMIZER_WEIGHT[s.optimizer] - s.lora - s.tied,
     ))  # fmt: skip
 
@@ -171,17 +255,44 @@ def shapes(goal: Any, allowed: set[str], gpu: Any, spec: ModelSpec) -> list[Shap
         adapters.append((True, PLAN_QLORA_QUANTIZE))
     tied = [False, True] if "tied-embeddings" in allowed else [False]
     usual = goal.optimizer or "adamw"
+    kinds = distillations(goal, allowed)
     out = [
-        Shape(p, o, c, lora, t, quantize=q)
-        for p, o, c, (lora, q), t in itertools.product(precisions, optimizers, ckpt, adapters, tied)
-        # LoRA's optimizer state is tiny: try only the goal's (or AdamW) optimizer with it.
-        if not lora or o == usual
+        Shape(p, o, c, lora, t, quantize=q, distill=d)
+        for p, o, c, (lora, q), t, d in itertools.product(
+            precisions, optimizers, ckpt, adapters, tied, kinds
+        )
+        # LoRA's optimizer state is tiny, and a distillation option changes the teacher's side:
+        # try them only with the goal's (or AdamW) optimizer.
+        if (not lora and d.plain) or o == usual
     ]
     if len(adapters) > 1 and not goal.precision and gpu.bf16 and "bf16-true" not in precisions:
         # A frozen base needs no fp32 master weights: LoRA is usually trained on a 16-bit base.
-        for c, (lora, q), t in itertools.product(ckpt, adapters[1:], tied):
-            out.append(Shape("bf16-true", usual, c, lora, t, quantize=q))
+        for c, (lora, q), t, d in itertools.product(ckpt, adapters[1:], tied, kinds):
+            out.append(Shape("bf16-true", usual, c, lora, t, quantize=q, distill=d))
     return _sorted(out)
+
+
+def distillations(goal: Any, allowed: set[str], *, lightest: bool = False) -> list[Distillation]:
+    """The distillation options searched with the goal's teacher ([PLAIN] without one): the
+    plain KL; the chunked KL ("chunked-loss"); the teacher in each of PLAN_TEACHER_QUANTIZE
+    ("quantized-teacher"); offline top-k logits ("offline-logits"); and the lightest of them
+    together. With `lightest`, only that one (the lean stages)."""
+    if teacher_of(goal) is None:
+        return [PLAIN]
+    loss = "chunked-kl" if "chunked-loss" in allowed else "kl"
+    quantized = list(PLAN_TEACHER_QUANTIZE) if "quantized-teacher" in allowed else []
+    # A teacher precision the goal keeps means a teacher that runs: no offline logits.
+    offline = "offline-logits" in allowed and getattr(goal, "teacher_precision", None) is None
+    if offline:
+        light = Distillation(loss, None, PLAN_TEACHER_TOP_K)
+    else:
+        light = Distillation(loss, quantized[0] if quantized else None)
+    if lightest:
+        return [light]
+    out = [PLAIN, Distillation(loss)] + [Distillation("kl", q) for q in quantized]
+    if offline:
+        out.append(Distillation("kl", None, PLAN_TEACHER_TOP_K))
+    return list(dict.fromkeys([*out, light]))
 
 
 def lean_shapes(goal: Any, allowed: set[str], gpu: Any, spec: ModelSpec) -> list[Shape]:
@@ -209,9 +320,13 @@ def lean_shapes(goal: Any, allowed: set[str], gpu: Any, spec: ModelSpec) -> list
     if "activation-offload" in allowed:
         act.append(PLAN_ACTIVATION_OFFLOAD)
     chunks = PLAN_LOSS_CHUNKS if "chunked-loss" in allowed and spec.task == "causal-lm" else None
+    # With a teacher the distillation's loss replaces the model's: it is chunked instead.
+    (distill,) = distillations(goal, allowed, lightest=True)
+    if teacher_of(goal) is not None:
+        chunks = None
     out = [
         Shape(precision, o, c, False, False, in_backward=ib, offload_activations=a,
-              chunked_loss=chunks)
+              chunked_loss=chunks, distill=distill)
         for o, ib, c, a in itertools.product(optimizers, in_backward, ckpt, act)
     ]  # fmt: skip
     return _sorted(out)
@@ -229,7 +344,7 @@ def offload_shapes(goal: Any, allowed: set[str], gpu: Any, spec: ModelSpec) -> l
         [
             Shape(s.precision, usual, s.checkpointing, False, False,
                   offload_activations=s.offload_activations, chunked_loss=s.chunked_loss,
-                  fsdp_offload=True)
+                  fsdp_offload=True, distill=s.distill)
             for s in lean
             if s.optimizer == lean[0].optimizer
         ]

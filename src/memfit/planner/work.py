@@ -1,14 +1,29 @@
 """The work of a step for the cost model (`memfit.planner.cost.StepWork`), read from an
 estimate: FLOPs by phase, the bytes of the optimizer update, and the bytes that cross PCIe or
 HBM because of a technique (optimizer or activation offload, a paged optimizer's evictions,
-FSDP2's CPU offload, dequantized weights).
+FSDP2's CPU offload, dequantized weights, a distillation teacher's quantized weights or offline
+logits).
+
+A distillation teacher's forward is in the trace's forward FLOPs (it runs under no_grad in the
+forward phase; with "chunked-kl" its output head runs again in each chunk's recomputation); an
+offline top-k distillation has no teacher forward at all.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+
+from memfit.cuda.allocator_config import cuda_block_size
 from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.estimator.estimate import Estimate
+from memfit.models.sources import resolve_model
 from memfit.planner.cost import StepWork
+from memfit.techniques.distillation_trace import TEACHER_PREFIX
+from memfit.techniques.quantize import QuantizeConfig, targets
+
+_TEACHER = TEACHER_PREFIX + "."
 
 
 def work_of(est: Estimate) -> StepWork:
@@ -19,8 +34,12 @@ def work_of(est: Estimate) -> StepWork:
     tokens = w.batch_size * (w.seq_len or 1)
     # The update runs on the CPU (optimizer offload, FSDP2's CPU offload) when state is there.
     cpu_update = w.optimizer_on_cpu and rec["host_optimizer_state"] > 0
+    extra_flops, teacher_terms = teacher_work(est)
+    terms = lean_work(est)
+    for name, value in teacher_terms.items():
+        terms[name] = terms.get(name, 0) + value
     return StepWork(
-        forward_flops=flops.get("forward", 0),
+        forward_flops=flops.get("forward", 0) + extra_flops,
         backward_flops=flops.get("backward", 0) + flops.get("recompute", 0),
         recompute_flops=flops.get("recompute", 0),
         optimizer_flops=flops.get("optimizer", 0),
@@ -41,7 +60,7 @@ def work_of(est: Estimate) -> StepWork:
         # FSDP2 all-gathers each shard in every micro-batch's forward and backward and
         # reduce-scatters the gradients once: each GPU receives (N - 1) shards each time.
         sharded_bytes_per_step=(2 * w.grad_accum + 1) * rec["parameters"] * (w.gpus - 1),
-        **lean_work(est),
+        **terms,
     )
 
 
@@ -65,9 +84,99 @@ def lean_work(est: Estimate) -> dict[str, int]:
     if w.quantize is not None:
         passes = 2 + (w.checkpointing != "off")
         sixteen_bit = 2 * est.parameter_count
+        student = rec["parameters"] - teacher_parameter_bytes(est)  # not a teacher's weights
         out["dequantized_bytes_per_step"] = (
-            passes * w.grad_accum * (rec["parameters"] + 2 * sixteen_bit)
+            passes * w.grad_accum * (student + 2 * sixteen_bit)
             if w.training
-            else rec["parameters"] + 2 * sixteen_bit
+            else student + 2 * sixteen_bit
         )
     return out
+
+
+#: Bytes a position of offline distillation brings with the batch: K float32 logits and K int64
+#: token ids (memfit.techniques.distillation_trace.DistillationTrace.add_inputs).
+OFFLINE_LOGIT_BYTES = 4 + 8
+#: HBM bytes LLM.int8 moves per token and feature of each int8 matmul, beyond its weights
+#: (memfit.techniques.quantize_trace._Bnb8bitMatmul, as bitsandbytes runs it on CUDA): per input
+#: feature the 16-bit activation read and its int8 row written (2 + 1); per output feature the
+#: int32 product written and read, and its fp16 dequantized output written (4 + 4 + 2).
+INT8_BYTES_PER_INPUT_FEATURE = 3
+INT8_BYTES_PER_OUTPUT_FEATURE = 10
+
+
+def teacher_work(est: Estimate) -> tuple[int, dict[str, int]]:
+    """(forward FLOPs the trace does not count, cost-model terms) of a distillation teacher.
+
+    - Offline top-k logits: PCIe bytes of the logits and ids each micro-batch brings.
+    - An NF4 / FP4 teacher: each forward reads the packed weights and writes, then reads, a
+      16-bit copy (dequantized bytes), once per micro-batch (no backward, no recomputation:
+      the output head, which recomputes with "chunked-kl", is not quantized).
+    - An LLM.int8 teacher: its int8 matmuls (2 x tokens x weights each micro-batch, which the
+      trace's stand-in allocates without computing, so they are added here, priced at the
+      compute dtype's rate: bitsandbytes' int8 path does not run faster than 16-bit matmuls on
+      the GPUs memfit plans for) and the HBM bytes of quantizing activations and dequantizing
+      outputs, with the int8 weights read once.
+    """
+    w = est.workload
+    if w.teacher is None:
+        return 0, {}
+    tokens = w.batch_size * (w.seq_len or 1)
+    if w.teacher_top_k is not None:
+        per_micro = tokens * w.teacher_top_k * OFFLINE_LOGIT_BYTES
+        return 0, {"offline_logits_bytes_per_step": w.grad_accum * per_micro}
+    if w.teacher_quantize is None:
+        return 0, {}
+    elements, ins, outs = quantized_linears(w.teacher, w.teacher_quantize, w.attention)
+    if w.teacher_quantize == "int8":
+        moved = elements + tokens * (
+            INT8_BYTES_PER_INPUT_FEATURE * ins + INT8_BYTES_PER_OUTPUT_FEATURE * outs
+        )
+        return w.grad_accum * 2 * tokens * elements, {
+            "dequantized_bytes_per_step": w.grad_accum * moved
+        }
+    packed = teacher_parameter_bytes(est, rounded=False)
+    return 0, {"dequantized_bytes_per_step": w.grad_accum * (packed + 2 * 2 * elements)}
+
+
+def teacher_parameter_bytes(est: Estimate, *, rounded: bool = True) -> int:
+    """Device bytes of a distillation teacher's weights (its storages under `teacher.*`), each
+    rounded as the allocator rounds it (as `records_summary` counts parameters), or exact."""
+    if est.workload.teacher is None:
+        return 0
+    return sum(
+        cuda_block_size(r.nbytes) if rounded else r.nbytes
+        for r in est.profile.records.values()
+        if r.category == "parameters" and not r.host and (r.module + ".").startswith(_TEACHER)
+    )
+
+
+_LINEARS: dict[Any, tuple[int, int, int]] = {}
+
+
+def quantized_linears(teacher: str, method: str, attention: str) -> tuple[int, int, int]:
+    """(weight elements, input features, output features), summed over the linear layers of
+    `teacher` that `method` quantizes (memfit.techniques.quantize.targets, as the trace and
+    `apply_` choose them), from the teacher built on the meta device. Kept per teacher config
+    (`ModelSpec.cache_key`) for the plan's many candidates."""
+    spec = resolve_model(teacher)
+    key = (spec.cache_key, method) if spec.cache_key is not None else None
+    if key is not None and key in _LINEARS:
+        return _LINEARS[key]
+    if spec.owns_model:
+        with torch.device("meta"):
+            model = spec.build(None, attention)
+    else:
+        model = spec.build(None, attention)
+    names, _ = targets(model, QuantizeConfig(method=method))
+    elements = ins = outs = 0
+    for name in names:
+        module = model.get_submodule(name)
+        weight = module.weight
+        assert isinstance(weight, torch.Tensor)
+        rows, cols = (int(d) for d in weight.shape)
+        # GPT-2's Conv1D keeps its weight as (in, out), nn.Linear as (out, in).
+        out_f, in_f = (cols, rows) if type(module).__name__ == "Conv1D" else (rows, cols)
+        elements, ins, outs = elements + out_f * in_f, ins + in_f, outs + out_f
+    if key is not None:
+        _LINEARS[key] = (elements, ins, outs)
+    return elements, ins, outs
