@@ -1,69 +1,139 @@
-"""Time `memfit plan` on the issue's reference workload and print PASS/FAIL against the target.
+"""Time `memfit plan` and `memfit estimate` as a user runs them (a new process each), against
+the previous planner, measured in the same run on the same machine.
 
-    python benchmarks/bench_plan.py
+    python benchmarks/bench_plan.py                   # all three commands (~4 min, 2 cores)
+    python benchmarks/bench_plan.py --only estimate   # one of them (plan-1b, plan-7b, estimate)
+    python benchmarks/bench_plan.py --baseline REF    # another git ref as "previous"
 
-Target (2-core CPU machine): `memfit plan llama-2-7b --gpu rtx-4090 --global-batch 32
---seq 2048` completes in <= 20 s. The import of memfit and transformers is timed separately.
+The previous planner is a git ref of this repository (BASELINE_REF by default: memfit before
+the trace cache) exported with `git archive` into a temporary folder and run from there with
+the same Python and packages. Each command runs:
+- previous, cold: the baseline's code (it has no cache);
+- cold: this tree, with an empty cache folder (MEMFIT_CACHE_DIR) and no MEMFIT_JOBS;
+- warm: this tree again, with the cache the cold run filled (a repeated command);
+- warm traces: this tree with only the trace cache filled (the plan files removed): a plan
+  that was not asked before, of traces that were (plans only).
+It prints each wall time (imports and interpreter exit included, as a user waits), the ratios
+against the previous planner, the issue 17 targets (plans cold <= 0.3 x previous, warm <= 2 s;
+the estimate cold <= 3 s) as PASS/FAIL, and whether every run printed the same plan or
+estimate as the previous planner (the JSON without its timing fields).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-TARGET_SECONDS = 20.0
+ROOT = Path(__file__).resolve().parents[1]
+#: memfit before the trace cache and the parallel traces (issue 17).
+BASELINE_REF = "5a1b1d0"
+
+COMMANDS = {
+    "plan-1b": ["plan", "llama-3.2-1b", "--gpu", "rtx-4090", "--global-batch", "16",
+                "--seq", "2048"],
+    "plan-7b": ["plan", "llama-2-7b", "--gpu", "rtx-4090", "--global-batch", "32",
+                "--seq", "2048", "--host-memory", "64GiB"],
+    "estimate": ["estimate", "llama-2-7b", "--seq", "2048"],
+}  # fmt: skip
+COLD_RATIO, WARM_SECONDS, ESTIMATE_COLD_SECONDS = 0.3, 2.0, 3.0
+#: JSON fields that are timings, not results.
+TIMINGS = {"seconds", "trace_seconds", "search_seconds", "from_cache"}
+
+
+def _run(src: Path, args: list[str], cache: Path | None) -> tuple[float, dict]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MEMFIT_JOBS", "MEMFIT_NO_CACHE")}
+    env["PYTHONPATH"] = str(src)
+    if cache is None:
+        env["MEMFIT_NO_CACHE"] = "1"
+    else:
+        env["MEMFIT_CACHE_DIR"] = str(cache)
+    code = "import sys; from memfit.cli.app import main; sys.argv[0] = 'memfit'; main()"
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code, *args, "--json"], env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"memfit {' '.join(args)} failed ({done.returncode}):\n{done.stderr}")
+    return seconds, json.loads(done.stdout)
+
+
+def _results(doc: object) -> object:
+    if isinstance(doc, dict):
+        return {k: _results(v) for k, v in doc.items() if k not in TIMINGS}
+    if isinstance(doc, list):
+        return [_results(v) for v in doc]
+    return doc
+
+
+def _export(ref: str, into: Path) -> Path:
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "src"],
+                             capture_output=True, check=True).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "src"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="llama-2-7b")
-    parser.add_argument("--gpu", default="rtx-4090")
-    parser.add_argument("--global-batch", type=int, default=32)
-    parser.add_argument("--seq", type=int, default=2048)
-    parser.add_argument("--allow", action="append", default=[])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", default=BASELINE_REF, help="git ref of the previous planner")
+    parser.add_argument("--only", choices=sorted(COMMANDS), action="append")
     parser.add_argument("--json", dest="json_path")
     args = parser.parse_args()
-
-    t0 = time.perf_counter()
-    import transformers  # noqa: F401  (imported by the first trace anyway)
-
-    import memfit
-    from memfit.techniques import labels as technique_labels
-
-    t_import = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    result = memfit.plan(
-        args.model,
-        gpu=args.gpu,
-        goal=memfit.Goal(global_batch=args.global_batch, seq_len=args.seq),
-        allow=tuple(args.allow),
-    )
-    seconds = time.perf_counter() - t1
-    best = result.best
-    print(f"import memfit + transformers: {t_import:.2f} s")
-    print(
-        f"memfit plan {args.model} --gpu {args.gpu} --global-batch {args.global_batch} "
-        f"--seq {args.seq}{''.join(' --allow ' + a for a in args.allow)}: {seconds:.2f} s, "
-        f"{result.evaluated} configurations from {result.traces} traces"
-    )
-    if best is None:
-        miss = result.closest_miss
-        need = miss.device_total_bytes / 2**30 if miss else float("nan")
-        print(f"  nothing fits; closest needs {need:.2f} GiB")
-    else:
-        print(
-            f"  best: micro-batch {best.workload.batch_size} x {best.workload.grad_accum}, "
-            f"{best.workload.precision}, {best.workload.optimizer}, "
-            f"{', '.join(technique_labels(best.workload))}; "
-            f"{best.device_total_bytes / 2**30:.2f} GiB, {best.cost.seconds:.2f} s/step"
-        )
-    verdict = "PASS" if seconds <= TARGET_SECONDS else "FAIL"
-    print(f"  {verdict}  plan <= {TARGET_SECONDS:.0f} s: {seconds:.2f} s")
+    names = args.only or list(COMMANDS)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="memfit-bench-") as tmp:
+        previous = _export(args.baseline, Path(tmp))
+        for name in names:
+            argv = COMMANDS[name]
+            cache = Path(tmp) / f"cache-{name}"
+            base_s, base = _run(previous, argv, None)
+            cold_s, cold = _run(ROOT / "src", argv, cache)
+            warm_s, warm = _run(ROOT / "src", argv, cache)
+            row = {"name": name, "previous": base_s, "cold": cold_s, "warm": warm_s,
+                   "same": _results(cold) == _results(base) == _results(warm)}  # fmt: skip
+            if name.startswith("plan"):
+                shutil.rmtree(cache / "plans")
+                traces_s, traced = _run(ROOT / "src", argv, cache)
+                row["warm_traces"] = traces_s
+                row["same"] = row["same"] and _results(traced) == _results(base)
+            rows.append(row)
+            print(_line(row, argv), flush=True)
+    print()
+    for row in rows:
+        for verdict in _verdicts(row):
+            print(verdict)
     if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump({"seconds": seconds, "import_seconds": t_import,
-                       "evaluated": result.evaluated, "traces": result.traces}, f)  # fmt: skip
+        Path(args.json_path).write_text(json.dumps(rows, indent=2))
+
+
+def _line(row: dict, argv: list[str]) -> str:
+    extra = f", warm traces {row['warm_traces']:.1f} s" if "warm_traces" in row else ""
+    return (
+        f"memfit {' '.join(argv)}\n  previous {row['previous']:.1f} s, cold {row['cold']:.1f} s "
+        f"({row['cold'] / row['previous']:.2f} x), warm {row['warm']:.1f} s{extra}; "
+        f"same results as previous: {'yes' if row['same'] else 'NO'}"
+    )
+
+
+def _verdicts(row: dict) -> list[str]:
+    def mark(ok: bool) -> str:
+        return "PASS" if ok else "FAIL"
+
+    name, cold, warm = row["name"], row["cold"], row["warm"]
+    if name == "estimate":
+        return [f"{mark(cold <= ESTIMATE_COLD_SECONDS)}  {name} cold <= "
+                f"{ESTIMATE_COLD_SECONDS:.0f} s: {cold:.2f} s"]  # fmt: skip
+    ratio = cold / row["previous"]
+    return [
+        f"{mark(ratio <= COLD_RATIO)}  {name} cold <= {COLD_RATIO} x previous: {ratio:.2f} x",
+        f"{mark(warm <= WARM_SECONDS)}  {name} warm <= {WARM_SECONDS:.0f} s: {warm:.2f} s",
+    ]
 
 
 if __name__ == "__main__":

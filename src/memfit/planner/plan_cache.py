@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memfit.estimator.host_memory import machine_ram_bytes
-from memfit.estimator.trace_cache import key_of, lookup, store
+from memfit.estimator.trace_cache import dumps_compact, key_of, lookup, store
 from memfit.models.sources import ModelSpec
 
 
@@ -41,5 +41,5 @@ def cached_plan(key: str | None, search: Callable[[], Any]) -> Any:
         hit.search_seconds, hit.seconds = hit.seconds, time.perf_counter() - t0
         return hit
     plan = search()
-    store("plan", key, pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL))
+    store("plan", key, dumps_compact(plan))
     return plan

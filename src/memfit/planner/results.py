@@ -71,6 +71,8 @@ class Plan:
     gpu: Any
     goal: Goal
     best: Candidate | None
+    #: The other candidates (Pareto table, baseline, closest miss, other optimizer) keep their
+    #: figures but not their event stream (`estimate.profile.records` and `.events` empty).
     pareto: list[Candidate]
     baseline: Candidate | None
     closest_miss: Candidate | None

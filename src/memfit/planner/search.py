@@ -14,9 +14,13 @@ How the search stays fast:
 - The shapes come in stages (memfit.planner.shapes): the lean full fine-tune and then FSDP2's
   CPU offload are searched only when nothing fitted before them, so a job that fits with the
   usual techniques costs no more traces than before.
-- For a shape, the micro-batch is found by binary search over the divisors of the global
-  batch (memory grows with the micro-batch); with the step in backward it is the per-GPU
-  batch (no accumulation).
+- For a shape, the micro-batch is the largest divisor of the global batch that fits, guessed
+  from the memory at the smallest and the largest (memory grows about linearly with the
+  micro-batch) and walked to the boundary; with the step in backward it is the per-GPU batch
+  (no accumulation).
+- Traces are cached (memfit.estimator.trace_cache) and a repeated plan is read back
+  (memfit.planner.plan_cache); with MEMFIT_JOBS the traces a stage needs in any case are
+  made side by side (memfit.estimator.parallel).
 - A shape that does not fit at micro-batch 1 rules out every heavier shape: more precise
   weights, a heavier optimizer, no checkpointing (see `memfit.planner.shapes.heavier`).
 - During the search the replay of repeated blocks is not re-verified on 4 blocks. The
@@ -30,6 +34,7 @@ cannot be trained by itself).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -39,7 +44,7 @@ from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError, TraceError
 from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.estimator.estimate import estimate_from_trace, trace_spec
-from memfit.estimator.parallel import run_all
+from memfit.estimator.parallel import run_all, workers
 from memfit.estimator.step_runner import Trace
 from memfit.estimator.trace_cache import pack_trace, unpack_trace
 from memfit.models.sources import ModelSpec, resolve_model
@@ -127,7 +132,10 @@ class _Search:
 
     def prefetch(self, pairs: list[tuple[Shape, int]]) -> None:
         """Trace (shape, micro-batch) pairs the search is about to evaluate, side by side
-        (memfit.estimator.parallel); a pair that fails is left for `evaluate` to report."""
+        (memfit.estimator.parallel); a pair that fails is left for `evaluate` to report.
+        Nothing without children: one after another, `evaluate` traces only what it needs."""
+        if workers() <= 1:
+            return
         todo = [(s, mb) for s, mb in dict.fromkeys(pairs)
                 if (s, mb) not in self.traces and s not in self.untraceable]  # fmt: skip
         jobs = [functools.partial(_trace_or_none, self.spec, self.workload(s, mb, False, False),
@@ -381,21 +389,30 @@ def _search_plan(spec: ModelSpec, gpu_obj: Any, goal: Goal, n_gpus: int, allowed
         closest_miss = min(search.candidates, key=lambda c: c.device_total_bytes, default=None)
         decided = allowed | forbid | WIDEN_WHEN_NOTHING_FITS  # widened: searched
         suggestions = what_would_fit(spec, goal.seq_len, gpu_obj, closest_miss, decided, n_gpus)
+    other = _faster_other_optimizer(fitting, best, goal)
     return Plan(
         model=spec.name,
         gpu=gpu_obj,
         goal=goal,
         best=best,
-        pareto=pareto(same_optimizer),
-        other_optimizer=_faster_other_optimizer(fitting, best, goal),
-        baseline=baseline,
-        closest_miss=closest_miss,
+        pareto=[c if c is best else _summary(c) for c in pareto(same_optimizer)],
+        other_optimizer=None if other is None else _summary(other),
+        baseline=None if baseline is None or baseline is best else _summary(baseline),
+        closest_miss=None if closest_miss is None else _summary(closest_miss),
         suggestions=suggestions,
         evaluated=len(search.candidates),
         traces=len(search.traces),
         seconds=time.perf_counter() - t0,
         widened=widened,
     )
+
+
+def _summary(c: Candidate) -> Candidate:
+    """`c` without its event stream (`profile.records` and `.events`): a plan keeps the stream
+    of its recommendation only (the others' peaks, breakdowns and timelines stay). A 7B plan
+    read back from the cache loads 5 streams of 50k events otherwise."""
+    profile = dataclasses.replace(c.estimate.profile, records={}, events=[])
+    return dataclasses.replace(c, estimate=dataclasses.replace(c.estimate, profile=profile))
 
 
 def _staged_search(
