@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 import memfit
 from memfit.cuda.target import get_gpu
@@ -34,7 +35,7 @@ from memfit.planner.shapes import (
     lean_shapes,
     shapes,
 )
-from memfit.planner.work import quantized_linears, teacher_parameter_bytes, work_of
+from memfit.planner.work import QuantizedLinears, quantized_linears, work_of
 
 VOCAB, SEQ, WIDTH = 8192, 128, 512
 GPU = "rtx-4090"
@@ -140,6 +141,9 @@ TOKENS = BATCH * SEQ  # per micro-batch
 ELEMENTS = 2 * (WIDTH * 1536 + WIDTH * WIDTH + WIDTH * 2048 + 2048 * WIDTH)
 INS = 2 * (WIDTH + WIDTH + WIDTH + 2048)
 OUTS = 2 * (1536 + WIDTH + 2048 + WIDTH)
+#: bitsandbytes NF4 of those 8 weights: 2 elements a byte, one fp32 absmax per block of 64,
+#: and a 16-entry fp32 code table each (memfit.techniques.quantize_layouts.bnb_4bit).
+NF4_BYTES = ELEMENTS // 2 + ELEMENTS // 64 * 4 + 8 * 16 * 4
 
 
 def _estimate(pair, **distill) -> memfit.Estimate:
@@ -170,14 +174,13 @@ def test_the_teacher_forward_counts_in_the_step(pair):
 
 
 def test_a_quantized_teacher_costs_its_dequantization(pair):
-    assert quantized_linears(pair[1], "nf4", "sdpa") == (ELEMENTS, INS, OUTS)
-    assert ELEMENTS == 6_291_456
+    found = quantized_linears(pair[1], "nf4", torch.bfloat16)
+    assert found == QuantizedLinears(ELEMENTS, INS, OUTS, NF4_BYTES)
+    assert (ELEMENTS, NF4_BYTES) == (6_291_456, 3_539_456)
     plain = work_of(_estimate(pair))
-    est = _estimate(pair, teacher_quantize="nf4")
-    nf4 = work_of(est)
+    nf4 = work_of(_estimate(pair, teacher_quantize="nf4"))
     # Each micro-batch's forward reads the packed weights and writes, then reads, bf16 copies.
-    packed = teacher_parameter_bytes(est, rounded=False)
-    assert nf4.dequantized_bytes_per_step == ACCUM * (packed + 2 * 2 * ELEMENTS)
+    assert nf4.dequantized_bytes_per_step == ACCUM * (NF4_BYTES + 2 * 2 * ELEMENTS) == 86_115_840
     assert nf4.forward_flops == plain.forward_flops  # dequantize, then the same matmuls
     gpu = get_gpu(GPU)
     extra = nf4.dequantized_bytes_per_step / gpu.memory_bandwidth_bytes_per_s

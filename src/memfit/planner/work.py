@@ -11,19 +11,17 @@ offline top-k distillation has no teacher forward at all.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from memfit.cuda.allocator_config import cuda_block_size
 from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.estimator.estimate import Estimate
 from memfit.models.sources import resolve_model
 from memfit.planner.cost import StepWork
-from memfit.techniques.distillation_trace import TEACHER_PREFIX
+from memfit.techniques.distillation import DTYPES, config_from_workload
 from memfit.techniques.quantize import QuantizeConfig, targets
-
-_TEACHER = TEACHER_PREFIX + "."
 
 
 def work_of(est: Estimate) -> StepWork:
@@ -84,11 +82,10 @@ def lean_work(est: Estimate) -> dict[str, int]:
     if w.quantize is not None:
         passes = 2 + (w.checkpointing != "off")
         sixteen_bit = 2 * est.parameter_count
-        student = rec["parameters"] - teacher_parameter_bytes(est)  # not a teacher's weights
         out["dequantized_bytes_per_step"] = (
-            passes * w.grad_accum * (student + 2 * sixteen_bit)
+            passes * w.grad_accum * (rec["parameters"] + 2 * sixteen_bit)
             if w.training
-            else student + 2 * sixteen_bit
+            else rec["parameters"] + 2 * sixteen_bit
         )
     return out
 
@@ -126,7 +123,11 @@ def teacher_work(est: Estimate) -> tuple[int, dict[str, int]]:
         return 0, {"offline_logits_bytes_per_step": w.grad_accum * per_micro}
     if w.teacher_quantize is None:
         return 0, {}
-    elements, ins, outs = quantized_linears(w.teacher, w.teacher_quantize, w.attention)
+    config = config_from_workload(w)
+    assert config is not None
+    dtype = DTYPES[config.precision]  # the teacher is cast to it, then quantized
+    linears = quantized_linears(w.teacher, w.teacher_quantize, dtype, w.attention)
+    elements, ins, outs = linears.elements, linears.in_features, linears.out_features
     if w.teacher_quantize == "int8":
         moved = elements + tokens * (
             INT8_BYTES_PER_INPUT_FEATURE * ins + INT8_BYTES_PER_OUTPUT_FEATURE * outs
@@ -134,32 +135,33 @@ def teacher_work(est: Estimate) -> tuple[int, dict[str, int]]:
         return w.grad_accum * 2 * tokens * elements, {
             "dequantized_bytes_per_step": w.grad_accum * moved
         }
-    packed = teacher_parameter_bytes(est, rounded=False)
-    return 0, {"dequantized_bytes_per_step": w.grad_accum * (packed + 2 * 2 * elements)}
+    return 0, {"dequantized_bytes_per_step": w.grad_accum * (linears.packed + 2 * 2 * elements)}
 
 
-def teacher_parameter_bytes(est: Estimate, *, rounded: bool = True) -> int:
-    """Device bytes of a distillation teacher's weights (its storages under `teacher.*`), each
-    rounded as the allocator rounds it (as `records_summary` counts parameters), or exact."""
-    if est.workload.teacher is None:
-        return 0
-    return sum(
-        cuda_block_size(r.nbytes) if rounded else r.nbytes
-        for r in est.profile.records.values()
-        if r.category == "parameters" and not r.host and (r.module + ".").startswith(_TEACHER)
-    )
+@dataclass(frozen=True)
+class QuantizedLinears:
+    """The linear layers of a teacher that a method quantizes, summed: weight elements, input
+    and output features, and the bytes of the library's storages of those weights (packed
+    data and scales, memfit.techniques.quantize_layouts)."""
+
+    elements: int
+    in_features: int
+    out_features: int
+    packed: int
 
 
-_LINEARS: dict[Any, tuple[int, int, int]] = {}
+_LINEARS: dict[Any, QuantizedLinears] = {}
 
 
-def quantized_linears(teacher: str, method: str, attention: str) -> tuple[int, int, int]:
-    """(weight elements, input features, output features), summed over the linear layers of
-    `teacher` that `method` quantizes (memfit.techniques.quantize.targets, as the trace and
-    `apply_` choose them), from the teacher built on the meta device. Kept per teacher config
-    (`ModelSpec.cache_key`) for the plan's many candidates."""
+def quantized_linears(
+    teacher: str, method: str, dtype: torch.dtype, attention: str = "sdpa"
+) -> QuantizedLinears:
+    """The linear layers of `teacher`, its weights in `dtype`, that `method` quantizes
+    (memfit.techniques.quantize.targets, as the trace and `apply_` choose them), from the
+    teacher built on the meta device. Kept per teacher config (`ModelSpec.cache_key`) for the
+    plan's many candidates."""
     spec = resolve_model(teacher)
-    key = (spec.cache_key, method) if spec.cache_key is not None else None
+    key = (spec.cache_key, method, dtype) if spec.cache_key is not None else None
     if key is not None and key in _LINEARS:
         return _LINEARS[key]
     if spec.owns_model:
@@ -167,8 +169,9 @@ def quantized_linears(teacher: str, method: str, attention: str) -> tuple[int, i
             model = spec.build(None, attention)
     else:
         model = spec.build(None, attention)
-    names, _ = targets(model, QuantizeConfig(method=method))
-    elements = ins = outs = 0
+    config = QuantizeConfig(method=method)
+    names, _ = targets(model, config)
+    elements = ins = outs = packed = 0
     for name in names:
         module = model.get_submodule(name)
         weight = module.weight
@@ -177,6 +180,8 @@ def quantized_linears(teacher: str, method: str, attention: str) -> tuple[int, i
         # GPT-2's Conv1D keeps its weight as (in, out), nn.Linear as (out, in).
         out_f, in_f = (cols, rows) if type(module).__name__ == "Conv1D" else (rows, cols)
         elements, ins, outs = elements + out_f * in_f, ins + in_f, outs + out_f
+        packed += sum(s.nbytes for s in config.storages(out_f, in_f, dtype))
+    found = QuantizedLinears(elements, ins, outs, packed)
     if key is not None:
-        _LINEARS[key] = (elements, ins, outs)
-    return elements, ins, outs
+        _LINEARS[key] = found
+    return found
