@@ -24,11 +24,6 @@ from memfit.planner.results import Goal
 from memfit.planner.search import plan
 from tests.planner.test_plan_distill import SEQ, pair  # noqa: F401  (the fixture)
 
-pytestmark = pytest.mark.skipif(
-    "teacher" not in Goal.__dataclass_fields__,
-    reason="needs Goal.teacher and the search's distillation fields (planner/search.py)",
-)
-
 MIB = 2**20
 
 

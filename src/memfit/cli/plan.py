@@ -25,6 +25,7 @@ from memfit.cli._workload_options import (
     NoCache,
     Seq,
     Task,
+    Teacher,
     build_workload,
     skip_cache,
     takes_workload_options,
@@ -57,11 +58,15 @@ def plan_command(
     ] = None,
     allow: Annotated[
         list[str] | None,
-        typer.Option(help="Also allow a technique (lora, qlora, tied-embeddings, pure-precision)."),
+        typer.Option(
+            help="Also allow a technique (lora, qlora, tied-embeddings, pure-precision, "
+            "quantized-teacher, offline-logits)."
+        ),
     ] = None,
     forbid: Annotated[list[str] | None, typer.Option(help="Never use a technique.")] = None,
     task: Task = None,
     host_memory: HostMemory = None,
+    teacher: Teacher = None,
     as_json: AsJson = False,
     no_cache: NoCache = False,
 ) -> None:
@@ -73,7 +78,7 @@ def plan_command(
 
         goal = Goal(
             global_batch=global_batch, seq_len=seq, image_size=image_size,
-            precision=precision, optimizer=optimizer,
+            precision=precision, optimizer=optimizer, teacher=teacher,
         )  # fmt: skip
         if host_memory is not None:
             Workload(host_memory=host_memory)  # a bad size fails here, naming the form

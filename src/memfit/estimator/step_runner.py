@@ -34,6 +34,7 @@ from memfit.estimator.cuda_emulation import CudaEmulation
 from memfit.estimator.fake_distributed import fake_world
 from memfit.estimator.tracker import OwnerTrackingState, Tracker, parameter_modules
 from memfit.events import Category, Event, StorageRecord
+from memfit.models.loaded import is_as_loaded
 from memfit.models.sources import ModelSpec
 from memfit.models.structure import embedding_tied_to, find_repeated_blocks, input_embedding_path
 from memfit.techniques import FSDPConfig
@@ -84,8 +85,6 @@ def materialize_fake(
     unless the model is marked as loaded (memfit.models.loaded): then each keeps its own dtype.
     Tied parameters stay tied: a tensor seen twice maps to the same fake.
     """
-    from memfit.models.loaded import is_as_loaded
-
     if is_as_loaded(model):
         dtype = None
     memo: dict[int, Any] = {}

@@ -20,15 +20,22 @@ from typing import Any
 
 from memfit.estimator.host_memory import machine_ram_bytes
 from memfit.estimator.trace_cache import dumps_compact, key_of, lookup, store
-from memfit.models.sources import ModelSpec
+from memfit.models.sources import ModelSpec, resolve_model
 
 
-def plan_key(spec: ModelSpec, *inputs: Any, host_memory: str | None) -> str | None:
-    """The cache key of a plan of `spec` with `inputs`, or None (not cached)."""
+def plan_key(spec: ModelSpec, *inputs: Any, host_memory: str | None,
+             teacher: str | None = None) -> str | None:  # fmt: skip
+    """The cache key of a plan of `spec` with `inputs`, or None (not cached); a distillation
+    `teacher` is keyed by its config, as the trace cache keys it, not by its name alone."""
     if spec.cache_key is None or spec.make_batch is not None:
         return None
+    teacher_key = None
+    if teacher is not None:
+        teacher_key = resolve_model(teacher).cache_key
+        if teacher_key is None:
+            return None
     host = host_memory if host_memory is not None else machine_ram_bytes()
-    return key_of("plan", spec.cache_key, host, *inputs)
+    return key_of("plan", spec.cache_key, teacher_key, host, *inputs)
 
 
 def cached_plan(key: str | None, search: Callable[[], Any]) -> Any:

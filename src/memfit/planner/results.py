@@ -22,6 +22,8 @@ class Goal:
         image_size: image side (vision models).
         precision: keep this precision (None: the planner may choose).
         optimizer: keep this optimizer (None: the planner may choose).
+        teacher: distill from this teacher (a model source, as Workload.teacher); the plan
+            searches the distillation's options too (memfit.planner.shapes.distillations).
     """
 
     global_batch: int
@@ -29,6 +31,7 @@ class Goal:
     image_size: int | None = None
     precision: str | None = None
     optimizer: str | None = None
+    teacher: str | None = None
 
     def __post_init__(self) -> None:
         gb = self.global_batch
@@ -43,6 +46,7 @@ class Goal:
             image_size=self.image_size,
             precision=self.precision or "fp32",
             optimizer=self.optimizer or "adamw",
+            teacher=self.teacher,
         )
 
 

@@ -57,6 +57,7 @@ from memfit.planner.shapes import (
     WIDEN_WHEN_NOTHING_FITS,
     Shape,
     allowed_techniques,
+    distillation_of,
     divisors,
     heavier,
     lean_shapes,
@@ -73,7 +74,7 @@ def _shape_of(w: Workload) -> Shape:
         w.precision, w.optimizer, w.checkpointing, w.lora is not None, w.tie_embeddings,
         quantize=w.quantize, in_backward=w.optimizer_in_backward,
         offload_activations=w.offload_activations, chunked_loss=w.chunked_loss,
-        fsdp_offload=w.fsdp_cpu_offload,
+        fsdp_offload=w.fsdp_cpu_offload, distill=distillation_of(w),
     )  # fmt: skip
 
 
@@ -85,6 +86,7 @@ def _lean(shape: Shape) -> bool:
         or shape.offload_activations
         or shape.chunked_loss
         or shape.fsdp_offload
+        or not shape.distill.plain
     )
 
 
@@ -128,6 +130,7 @@ class _Search:
             chunked_loss=shape.chunked_loss,
             fsdp_cpu_offload=shape.fsdp_offload,
             host_memory=self.host_memory,
+            **shape.distillation(self.goal),
         )
 
     def prefetch(self, pairs: list[tuple[Shape, int]]) -> None:
@@ -357,7 +360,7 @@ def plan(
             f"({spec.max_positions} positions)."
         )
     key = plan_key(spec, gpu_obj.name, goal, n_gpus, sorted(allowed), sorted(forbid),
-                   host_memory=host_memory)  # fmt: skip
+                   host_memory=host_memory, teacher=goal.teacher)  # fmt: skip
     return cached_plan(
         key,
         lambda: _search_plan(
