@@ -19,6 +19,7 @@ from memfit.estimator import trace_cache
 from memfit.estimator.estimate import trace_key, trace_spec
 from memfit.models.sources import resolve_model
 from memfit.planner import search as search_module
+from memfit.planner.render import plan_to_json, render_plan
 from memfit.planner.search import Goal
 from memfit.profile import MemoryProfile
 from tests.conftest import tiny_gpt2
@@ -180,6 +181,8 @@ def test_a_plan_asked_again_is_read_back(
     assert again.from_cache and again.search_seconds == pytest.approx(first.seconds)
     assert again.best.workload == first.best.workload
     assert again.best.device_total_bytes == first.best.device_total_bytes
+    assert "read back from memfit's cache in" in render_plan(again)
+    assert plan_to_json(again)["from_cache"] is True and plan_to_json(first)["from_cache"] is False
     # Another input is another plan.
     with pytest.raises(AssertionError, match="searched although"):
         memfit.plan(config, gpu="rtx-4090", goal=Goal(global_batch=8, seq_len=16))

@@ -125,6 +125,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         "evaluated": plan.evaluated,
         "traces": plan.traces,
         "seconds": round(plan.seconds, 2),
+        "from_cache": plan.from_cache,
         "note": "Step times are estimates from a roofline cost model; the ranking is the point.",
     }
 
@@ -219,10 +220,14 @@ def render_plan(plan: Plan) -> str:
                 f"  {format_bytes(c.device_total_bytes):>14}  {c.cost.seconds:8.2f}  {_describe(c)}"
             )
     lines.append("")
-    lines.append(
-        f"searched {plan.evaluated} configurations from {plan.traces} traces in "
-        f"{plan.seconds:.1f} s"
-    )
+    searched = f"searched {plan.evaluated} configurations from {plan.traces} traces in "
+    if plan.from_cache:
+        lines.append(
+            f"{searched}{plan.search_seconds or 0:.1f} s; read back from memfit's cache in "
+            f"{plan.seconds:.1f} s (--no-cache searches again)"
+        )
+    else:
+        lines.append(f"{searched}{plan.seconds:.1f} s")
     return "\n".join(lines)
 
 
