@@ -27,6 +27,7 @@ from memfit.errors import BadInputError, closest
 #: Precision recipes. "-mixed" keeps fp32 weights and runs matmuls under autocast (CUDA policy);
 #: "-true" casts the whole model (weights, gradients, optimizer state) to the 16-bit dtype.
 PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "fp16-true", "bf16-true")
+AUTO_PRECISION = "auto"  # no training: the checkpoint's dtype (memfit.estimator.auto_precision)
 
 #: Optimizers, laid out in memory as their CUDA implementations keep state.
 OPTIMIZERS = (
@@ -117,7 +118,7 @@ class Workload:
         mode: "train" (forward, backward, optimizer step) or "inference" (forward under no_grad).
             The options below that only change training (optimizer, grad_accum, checkpointing,
             lora, freeze, offload_optimizer) are errors with "inference".
-        precision: one of PRECISIONS.
+        precision: one of PRECISIONS, or "auto" (inference, generation: the checkpoint's dtype).
         optimizer: one of OPTIMIZERS; "none" runs forward + backward without a step. None (not
             given): "adamw" in training, "none" in inference. Read after construction, it is
             always one of OPTIMIZERS.
@@ -169,8 +170,7 @@ class Workload:
         new_tokens: with mode="generate", tokens generated after the prompt (decode steps).
         num_beams: with mode="generate", beams of beam search (1: greedy).
         cache: with mode="generate", the KV cache, one of CACHES.
-        tp: tensor-parallel GPUs for generation (weights and KV heads split over them; the
-            estimate is of one rank).
+        tp: tensor-parallel GPUs for generation (weights and KV heads split; one rank estimated).
         teacher: knowledge distillation from this teacher (a model source, as `model` takes
             it): each micro-batch runs the student, then the frozen teacher under no_grad, and
             the KD loss of both logits (memfit.techniques.distillation). Training only.
@@ -242,7 +242,12 @@ class Workload:
         _positive("steps", self.steps)
         _positive("gpus", self.gpus)
         check_choice("mode", self.mode, MODES)
-        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("precision", self.precision, (*PRECISIONS, AUTO_PRECISION))
+        if self.precision == AUTO_PRECISION and self.mode == "train":
+            raise BadInputError(
+                "precision='auto' (the checkpoint's dtype) is for inference and generation; a "
+                "training step needs a recipe. Use e.g. precision='bf16-mixed', or mode='generate'."
+            )
         if self.optimizer is not None:
             check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_choice("checkpointing", self.checkpointing, CHECKPOINTING)

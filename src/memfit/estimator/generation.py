@@ -30,6 +30,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memfit.errors import BadInputError, TraceError
+from memfit.estimator.auto_precision import check_resolved
 from memfit.estimator.decode_extension import (
     CALL_END_OP,
     EXTEND_ABOVE,
@@ -37,6 +38,7 @@ from memfit.estimator.decode_extension import (
     TRACED_CALLS,
     extend_decode,
 )
+from memfit.estimator.fake_distributed import fake_world
 from memfit.estimator.kv_cache import CacheWatcher, check_tp, kv_geometry
 from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch, expand
 from memfit.estimator.step_runner import (
@@ -54,6 +56,11 @@ from memfit.models.sources import ModelSpec
 from memfit.models.structure import embedding_tied_to, input_embedding_path
 from memfit.profile import MemoryProfile
 from memfit.techniques.quantize_trace import logical_numel
+from memfit.techniques.tensor_parallel import (
+    check_tensor_parallel,
+    parallelize_for_trace,
+    real_waits,
+)
 from memfit.workload import Workload
 
 _KV_LAYER = KV_LAYER_ATTR
@@ -79,10 +86,8 @@ def check_generation(spec: ModelSpec, w: Workload) -> None:
         config = _config_of(spec)
         if config is not None and hasattr(config, "num_attention_heads"):
             check_tp(kv_geometry(config), w.tp)
-        raise BadInputError(
-            f"tp={w.tp}: memfit does not model tensor-parallel generation yet. Use tp=1 (the "
-            "estimate of one GPU holding the whole model)."
-        )
+    check_tensor_parallel(w.tp, w.quantize)
+    check_resolved(w)
     if w.cache in ("quantized", "offloaded"):
         raise BadInputError(
             f"cache={w.cache!r} is not modelled yet (transformers' QuantizedCache needs the "
@@ -256,11 +261,23 @@ def trace_generation_once(
     num_layers: int | None,
     new_tokens: int,
 ) -> GenerationTrace:
-    """One traced `generate` of `new_tokens` tokens (the cache sized for `w.new_tokens`)."""
+    """One traced `generate` of `new_tokens` tokens (the cache sized for `w.new_tokens`); with
+    `w.tp > 1`, of rank 0 of a tensor-parallel model over a fake process group."""
+    if w.tp == 1:
+        return _traced_once(spec, w, capability, num_layers, new_tokens, None)
+    with fake_world(w.tp) as mesh, real_waits():
+        return _traced_once(spec, w, capability, num_layers, new_tokens, mesh)
+
+
+def _traced_once(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
+                 num_layers: int | None, new_tokens: int,
+                 mesh: Any) -> GenerationTrace:  # fmt: skip
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     low = DTYPES[w.compute_dtype_name]
     model, blocks = _traced_model(spec, w, num_layers, fake_mode, low, None)
     notes = model.__dict__.pop(_NOTES, [])
+    if mesh is not None:  # as from_pretrained(distributed_config=DistributedConfig(tp_size=N))
+        notes.append(parallelize_for_trace(model, w, mesh, fake_mode))
     config = getattr(model, "config", None)
     if config is not None:
         config.use_cache = True  # _traced_model turns it off for training and inference

@@ -16,6 +16,7 @@ from typing import Any
 from memfit.cuda.allocator_config import AllocatorConfig
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
+from memfit.estimator.auto_precision import resolve_precision
 from memfit.estimator.estimate import estimate_from_trace, trace_spec
 from memfit.guard.batch_search import largest_passing
 from memfit.models.sources import ModelSpec, resolve_model
@@ -42,6 +43,8 @@ class Limit:
         new_tokens: with mode="generate", the tokens generated after the prompt; `max_seq`
             then searches the prompt (`what` "prompt_len"), and the context is prompt_len +
             new_tokens. 0 otherwise.
+        workload: the workload searched (the value searched left as given), its precision
+            resolved: "auto" is the checkpoint's (memfit.estimator.auto_precision).
     """
 
     model: str
@@ -53,6 +56,7 @@ class Limit:
     capped: bool = False
     seconds: float = 0.0
     new_tokens: int = 0
+    workload: Workload | None = None
 
 
 def _limit(
@@ -73,6 +77,7 @@ def _limit(
             "memfit.Workload(seq_len=1024)."
         )
     t0 = time.perf_counter()
+    spec, w = resolve_precision(spec, w)
     gpu_obj = get_gpu(gpu)
     cfg = AllocatorConfig.from_string(alloc_conf) if alloc_conf else None
     seen: dict[int, tuple[int, int, bool]] = {}  # value -> (allocated, device total, fits)
@@ -94,7 +99,7 @@ def _limit(
         model=spec.name, gpu=gpu_obj, what=what, largest=good or None,
         curve=sorted((v, total, ok) for v, (_, total, ok) in seen.items()), upper=upper,
         capped=good == upper and not model_limit, seconds=time.perf_counter() - t0,
-        new_tokens=w.new_tokens if w.mode == "generate" else 0,
+        new_tokens=w.new_tokens if w.mode == "generate" else 0, workload=w,
     )  # fmt: skip
 
 

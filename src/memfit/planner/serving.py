@@ -45,11 +45,12 @@ from typing import Any
 from memfit.cuda.allocator_config import cuda_block_size
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
+from memfit.estimator.auto_precision import resolve_precision
 from memfit.estimator.estimate import estimate_from_trace, trace_spec
 from memfit.events import Category
 from memfit.models.sources import resolve_model
 from memfit.units import GIB
-from memfit.workload import Workload
+from memfit.workload import AUTO_PRECISION, Workload
 
 #: vLLM's default `gpu_memory_utilization` (vllm/config/cache.py, CacheConfig).
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
@@ -137,8 +138,9 @@ def serving_capacity(
 ) -> ServingCapacity:
     """The KV blocks, KV tokens and concurrent requests a vLLM engine would have on `gpu`.
 
-    `precision` is the weights' and the KV cache's (vLLM's dtype="auto" loads a bf16
-    checkpoint in bf16); `context_len` defaults to the model's positions (vLLM's default
+    `precision` is the weights' and the KV cache's; "auto" is the checkpoint's dtype (the
+    config's, as vLLM's dtype="auto" loads it; `ServingCapacity.precision` says which);
+    `context_len` defaults to the model's positions (vLLM's default
     max_model_len); the scheduler limits default to `vllm serve`'s (`scheduler_defaults`).
 
     Example:
@@ -192,6 +194,13 @@ def serving_capacity(
         mode="generate", batch_size=batch, prompt_len=prompt, new_tokens=1,
         precision=precision, quantize=quantize, gpu=gpu_obj.name,
     )  # fmt: skip
+    spec, w = resolve_precision(spec, w)  # "auto": the checkpoint's, as vLLM's dtype="auto"
+    if precision == AUTO_PRECISION and w.precision == "fp32":
+        raise BadInputError(
+            f"precision='auto' and {spec.name!r} is a float32 checkpoint, which vLLM's "
+            "dtype='auto' does not serve in float32 (it picks a 16-bit dtype for the platform). "
+            "Give the precision: 'bf16-true' or 'fp16-true' (or 'fp32', vLLM's --dtype float32)."
+        )
     tr, n, replayed = trace_spec(spec, w, gpu_obj.compute_capability)
     est = estimate_from_trace(spec, w, tr, n_blocks=n, replayed=replayed, gpu=gpu_obj)
     by_layer = est.generation.kv_bytes_by_layer
@@ -237,7 +246,7 @@ def serving_capacity(
     kv_tokens = num_blocks * block_size
     per_seq = -(-context // block_size)
     return ServingCapacity(
-        model=spec.name, gpu=gpu_obj, precision=precision, quantize=quantize,
+        model=spec.name, gpu=gpu_obj, precision=w.precision, quantize=quantize,
         gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
         max_num_batched_tokens=tokens, max_num_seqs=seqs, profile_batch=batch,
         profile_prompt_len=prompt, requested_bytes=requested,
