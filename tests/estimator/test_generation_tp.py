@@ -173,12 +173,6 @@ def _measured(beams: int, cache: str) -> MemoryProfile:
     return m.profile
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the tracker files a meta-device tensor as an allocation: transformers' head makes "
-    "one (torch.empty(shape, device='meta')) for its strides before the all-gather. Remove "
-    "this mark when Tracker._track skips meta tensors (with that, equal event for event).",
-)
 @pytest.mark.parametrize(("beams", "cache"), [(1, "dynamic"), (3, "static")])
 def test_estimate_equals_a_real_tensor_parallel_generate(beams: int, cache: str) -> None:
     real = _measured(beams, cache)

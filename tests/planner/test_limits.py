@@ -47,9 +47,9 @@ def test_max_seq_of_a_generation_is_the_longest_prompt(wide_llama: str) -> None:
     assert doc["largest_context"] == limit.largest + 4 and doc["new_tokens"] == 4
     head = render_limit(limit).splitlines()[0]
     assert head == (
-        f"largest prompt of {limit.model} that fits NVIDIA GeForce RTX 2060: {limit.largest} "
-        f"tokens, with 4 new tokens: a context of {limit.largest + 4} tokens (prompt + new "
-        "tokens)"
+        f"largest prompt of {limit.model} that fits NVIDIA GeForce RTX 2060 in fp32: "
+        f"{limit.largest} tokens, with 4 new tokens: a context of {limit.largest + 4} tokens "
+        "(prompt + new tokens)"
     )
 
 

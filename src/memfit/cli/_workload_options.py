@@ -29,6 +29,7 @@ import typer
 from memfit.errors import BadInputError
 from memfit.workload import (
     ATTENTION,
+    AUTO_PRECISION,
     CACHES,
     CHECKPOINTING,
     DISTILL_LOSSES,
@@ -70,7 +71,13 @@ ImageSize = Annotated[
     int | None, typer.Option("--image-size", help="Image side in pixels (vision models).")
 ]
 Mode = Annotated[str, typer.Option(help=f"{_either(MODES)}.")]
-Precision = Annotated[str, typer.Option(help=f"{_either(PRECISIONS)}.")]
+Precision = Annotated[
+    str | None,
+    typer.Option(
+        help=f"{_either(PRECISIONS)}, or auto: the checkpoint's dtype, as transformers loads it "
+        "(default: fp32 to train, auto for inference and generation)."
+    ),
+]
 Optimizer = Annotated[
     str | None,
     typer.Option(help=f"{', '.join(OPTIMIZERS)} (default: adamw to train, none for inference)."),
@@ -181,7 +188,7 @@ WORKLOAD_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("seq", Seq, DEFAULT.seq_len),
     ("image_size", ImageSize, DEFAULT.image_size),
     ("mode", Mode, DEFAULT.mode),
-    ("precision", Precision, DEFAULT.precision),
+    ("precision", Precision, None),
     ("optimizer", Optimizer, None),
     ("grad_accum", GradAccum, DEFAULT.grad_accum),
     ("checkpointing", Checkpointing, DEFAULT.checkpointing),
@@ -282,7 +289,7 @@ def build_workload(
     seq: int | None = DEFAULT.seq_len,
     image_size: int | None = DEFAULT.image_size,
     mode: str = DEFAULT.mode,
-    precision: str = DEFAULT.precision,
+    precision: str | None = None,
     optimizer: str | None = None,
     grad_accum: int = DEFAULT.grad_accum,
     checkpointing: str = DEFAULT.checkpointing,
@@ -319,7 +326,7 @@ def build_workload(
         seq_len=seq,
         image_size=image_size,
         mode=mode,
-        precision=precision,
+        precision=precision or (DEFAULT.precision if mode == "train" else AUTO_PRECISION),
         grad_accum=grad_accum,
         checkpointing=checkpointing,
         lora=lora,

@@ -17,6 +17,7 @@ from typing import Any
 from memfit.cuda.allocator_config import AllocatorConfig
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
+from memfit.estimator.auto_precision import resolve_precision
 from memfit.estimator.device_memory import FIT_MARGIN_FRACTION, attach_device_memory
 from memfit.estimator.generation import generation_figures, trace_generation, without_markers
 from memfit.estimator.host_memory import HostMemory
@@ -289,7 +290,7 @@ def estimate(
     if w.gpu is not None:
         gpu_obj = get_gpu(w.gpu)
         capability = gpu_obj.compute_capability
-    spec = resolve_model(model, task=task)
+    spec, w = resolve_precision(resolve_model(model, task=task), w)
     t0 = time.perf_counter()
     tr, n_blocks, replayed = trace_spec(spec, w, capability)
     seconds = time.perf_counter() - t0
@@ -340,7 +341,8 @@ def estimate_from_trace(
     est.notes.extend(spec.notes)  # e.g. the loss a model of unknown head is traced with
     est.notes.extend(tr.notes)  # e.g. which layers stayed unquantized
     records, events = without_markers(tr) if w.mode == "generate" else (tr.records, tr.events)
-    attach_device_memory(est, records, events, alloc_conf=alloc_conf, n_gpus=w.gpus)
+    # NCCL's buffers for the GPUs of FSDP2 and of tensor parallelism alike.
+    attach_device_memory(est, records, events, alloc_conf=alloc_conf, n_gpus=w.gpus * w.tp)
     if w.mode == "generate":
         headroom = None
         if gpu is not None:

@@ -291,6 +291,8 @@ class Tracker(TorchDispatchMode):
         owner: int = -1,
     ) -> None:
         t = memory_tensor(t)
+        if t.device.type == "meta":  # e.g. made only for its strides (transformers' TP gather)
+            return
         storage = t.untyped_storage()
         key = id(storage)
         if key in self._live:

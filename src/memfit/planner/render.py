@@ -237,6 +237,7 @@ def limit_to_json(limit: Limit) -> dict[str, Any]:
         "model": limit.model,
         "gpu": limit.gpu.name,
         "what": limit.what,
+        "precision": limit.workload.precision if limit.workload is not None else None,
         "largest": limit.largest,
         "capped": limit.capped,
         "upper": limit.upper,
@@ -266,11 +267,13 @@ _LIMIT_NAMES = {"batch_size": "micro-batch", "seq_len": "sequence length", "prom
 
 def render_limit(limit: Limit) -> str:
     name = _LIMIT_NAMES[limit.what]
+    on = limit.gpu.display_name
+    if limit.workload is not None:  # the precision searched ("auto" resolved)
+        on += f" in {limit.workload.precision}"
     head = (
-        f"largest {name} of {limit.model} that fits {limit.gpu.display_name}: "
-        f"{_limit_answer(limit)}"
+        f"largest {name} of {limit.model} that fits {on}: {_limit_answer(limit)}"
         if limit.largest
-        else f"no {name} of {limit.model} fits {limit.gpu.display_name}"
+        else f"no {name} of {limit.model} fits {on}"
     )
     if limit.what != "prompt_len":
         lines = [head, "", f"  {name:>16}  {'device total':>14}  fits"]

@@ -118,6 +118,7 @@ def estimate_json(est: Estimate) -> dict[str, Any]:
             "techniques": technique_labels(w),
             "gpu": est.gpu.name if est.gpu is not None else None,
             "gpus": w.gpus,
+            "tp": w.tp,
             "quantize": w.quantize,
             "prepare_kbit": w.prepare_kbit,
             "optimizer_in_backward": w.optimizer_in_backward,
