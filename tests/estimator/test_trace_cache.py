@@ -74,7 +74,8 @@ def test_a_new_process_reads_the_trace_back_and_estimates_the_same(
     cache: Path, config: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = memfit.estimate(config, W, gpu="rtx-4090")
-    assert first.replayed and len(list((cache / "traces").glob("*.pkl"))) == 1
+    # The estimate, and the 3- and 4-block traces of its replay check.
+    assert first.replayed and len(list((cache / "traces").glob("*.pkl"))) == 3
     trace_cache.forget()  # a new process: only the disk is left
     _no_tracing(monkeypatch)
     _same(memfit.estimate(config, W, gpu="rtx-4090"), first)
@@ -147,11 +148,12 @@ def test_a_damaged_file_is_a_miss_and_is_removed(
     cache: Path, config: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = memfit.estimate(config, W)
-    (path,) = (cache / "traces").glob("*.pkl")
-    path.write_bytes(path.read_bytes()[:100])  # cut short
+    paths = list((cache / "traces").glob("*.pkl"))
+    for path in paths:
+        path.write_bytes(path.read_bytes()[:100])  # cut short
     trace_cache.forget()
     _same(memfit.estimate(config, W), first)  # traced again
-    assert path.exists() and path.stat().st_size > 100  # and stored again
+    assert all(p.exists() and p.stat().st_size > 100 for p in paths)  # and stored again
 
 
 def test_the_oldest_files_go_first_above_the_limit(cache: Path, monkeypatch) -> None:
@@ -241,3 +243,21 @@ def test_a_plan_keeps_the_stream_of_its_recommendation_only(config: str) -> None
     for c in others:
         assert c.estimate.profile.events == [] and c.estimate.profile.records == {}
         assert c.device_total_bytes > 0 and c.estimate.profile.breakdown
+
+
+def test_the_replay_check_reuses_the_searched_3_block_trace(
+    cache: Path, config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = resolve_model(config)
+    traced: list[int | None] = []
+    real = estimate_module.run_trace
+
+    def counting(*a, num_layers=None, **k):
+        traced.append(num_layers)
+        return real(*a, num_layers=num_layers, **k)
+
+    monkeypatch.setattr(estimate_module, "run_trace", counting)
+    searched, _, _ = trace_spec(spec, W, (8, 0), verify=False)  # as the planner traces
+    checked, n, replayed = trace_spec(spec, W, (8, 0), verify=True)  # as its confirmation
+    assert traced == [3, 4] and replayed and n == 6
+    assert checked.events == searched.events and checked.records == searched.records

@@ -167,10 +167,11 @@ def trace_spec(
 
 
 def trace_key(
-    spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, verify: bool
+    spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, *detail: Any
 ) -> str | None:
-    """The cache key of `trace_spec(spec, w, capability, verify=verify)`, or None (not cached:
-    a model or teacher memfit cannot name, a user's batch factory)."""
+    """The cache key of `trace_spec(spec, w, capability, verify=detail[0])` (or of another
+    trace of `w` that `detail` names), or None (not cached: a model or teacher memfit cannot
+    name, a user's batch factory)."""
     if spec.cache_key is None or spec.make_batch is not None:
         return None
     teacher = None
@@ -180,7 +181,7 @@ def trace_key(
             return None
     # The GPU's name and the host's RAM are read after the trace, not by it.
     traced = w.with_(gpu=None, host_memory=None)
-    return key_of("trace", spec.cache_key, teacher, traced, capability, verify)
+    return key_of("trace", spec.cache_key, teacher, traced, capability, *detail)
 
 
 def _trace_spec(
@@ -234,11 +235,18 @@ def _short_traces(
     `TRACED_BLOCKS`, side by side where there are cores for it (memfit.estimator.parallel)."""
     blocks = [TRACED_BLOCKS + 1, TRACED_BLOCKS] if verify else [TRACED_BLOCKS]
     traces = run_all(
-        [functools.partial(run_trace, spec, w, capability, num_layers=n) for n in blocks],
+        [functools.partial(_short_trace, spec, w, capability, n) for n in blocks],
         pack=lambda t: pack_trace((t, 0, False)),
         unpack=lambda packed: unpack_trace(packed)[0],
     )
     return (traces[0] if verify else None), traces[-1]
+
+
+def _short_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, n: int) -> Trace:
+    """The trace of `n` blocks, cached on its own: the planner's search (no replay check) and
+    the check of its recommendation share the 3-block trace."""
+    key = trace_key(spec, w, capability, "blocks", n)
+    return cached_trace(key, lambda: (run_trace(spec, w, capability, num_layers=n), n, False))[0]
 
 
 def _replay_verified(traced: Trace, four: Trace) -> bool:
