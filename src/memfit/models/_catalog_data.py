@@ -13,6 +13,12 @@ config, tied weights counted once. Each entry says where the number comes from:
 * ``cited``: a figure widely reported by people who loaded the official checkpoint;
 * ``formula``: computed by hand from the architecture (the formula is written next to it).
 
+``torch_dtype`` is the dtype the checkpoint is stored in, as its config.json names it (what
+``precision="auto"`` reads, see ``memfit.estimator.auto_precision``). It is given only where a
+copy of the official config.json was found (the comment ``dtype:`` next to the entry says
+where); configs that name no dtype (GPT-2, BERT, T5, ...) and entries not yet checked leave it
+out, which "auto" reads as float32.
+
 Every figure taken from a source was also checked against the formula in the comment. None of
 them was taken from what memfit's own build prints. Abbreviations in the formulas: V vocab,
 P positions, h hidden size, L layers, ff MLP width, kv key/value width, E embedding size.
@@ -266,6 +272,7 @@ def _phi(hidden: int, layers: int, partial_rotary: float, resid_pdrop: float) ->
         "resid_pdrop": resid_pdrop,
         "rope_theta": 10000.0,
         "tie_word_embeddings": False,
+        "torch_dtype": "float16",
         "vocab_size": 51200,
     }
 
@@ -444,7 +451,10 @@ ENTRIES: list[dict[str, Any]] = [
     # --- OPT (OPTForCausalLM, lm_head tied): V*wepd + (P+2)*h + L*(4h^2 + 2h*ff + 9h + ff)
     #     + 2h (final LN, absent when do_layer_norm_before=False) + 2*h*wepd (when wepd != h)
     # cited: 125m 125,239,296; 350m 331,196,416; 1.3b 1,315,758,080; 2.7b 2,651,596,800.
-    _dec("opt-125m", "facebook/opt-125m", "opt", _opt(768, 3072, 12, 12), 125_239_296),
+    # dtype: float16, huggingface.co/autoevaluate/zero-shot-classification config.json, a copy
+    # committed as "Commit files over from facebook/opt-125m repo".
+    _dec("opt-125m", "facebook/opt-125m", "opt", _opt(768, 3072, 12, 12, torch_dtype="float16"),
+         125_239_296),
     _dec("opt-350m", "facebook/opt-350m", "opt",
          _opt(1024, 4096, 16, 24, do_layer_norm_before=False, word_embed_proj_dim=512),
          331_196_416),
@@ -457,7 +467,9 @@ ENTRIES: list[dict[str, Any]] = [
     # --- Pythia (GPTNeoXForCausalLM, untied): 2*V*h + L*(4h^2 + 2h*ff + 9h + ff) + 2h
     # card: the Pythia model cards' table of exact total parameter counts.
     _dec("pythia-70m", "EleutherAI/pythia-70m", "gpt_neox", _pythia(512, 8, 6), 70_426_624),
-    _dec("pythia-160m", "EleutherAI/pythia-160m", "gpt_neox", _pythia(768, 12, 12),
+    # dtype: float16, huggingface.co/EleutherAI/pythia-160m/blob/main/config.json
+    _dec("pythia-160m", "EleutherAI/pythia-160m", "gpt_neox",
+         {**_pythia(768, 12, 12), "torch_dtype": "float16"},
          162_322_944),
     _dec("pythia-410m", "EleutherAI/pythia-410m", "gpt_neox", _pythia(1024, 16, 24),
          405_334_016),
@@ -468,7 +480,10 @@ ENTRIES: list[dict[str, Any]] = [
          2_775_208_960),
     _dec("pythia-6.9b", "EleutherAI/pythia-6.9b", "gpt_neox", _pythia(4096, 32, 32, 50432),
          6_857_302_016),
-    _dec("pythia-12b", "EleutherAI/pythia-12b", "gpt_neox", _pythia(5120, 40, 36, 50688),
+    # dtype: float16, huggingface.co/EleutherAI/pythia-12b/blob/step6000/config.json (600 bytes,
+    # the size of the main branch's config.json)
+    _dec("pythia-12b", "EleutherAI/pythia-12b", "gpt_neox",
+         {**_pythia(5120, 40, 36, 50688), "torch_dtype": "float16"},
          11_846_072_320),
     # --- BLOOM (BloomForCausalLM, tied, ALiBi so no position limit):
     # V*h + 2h + L*(12h^2 + 13h) + 2h
@@ -487,13 +502,15 @@ ENTRIES: list[dict[str, Any]] = [
     # --- Falcon-7B (multi-query, parallel attention, one LN per block, tied, no biases)
     # formula: V*h + L*(h*(h + 2*64) + h^2 + 8h^2 + 2h) + 2h
     #        = 65024*4544 + 32*207,070,080 + 9088 = 6,921,720,704 (hub shows 6.92B)
+    # dtype: bfloat16, huggingface.co/justinpinkney/falcon-7b config.json ("Duplicate from
+    # tiiuae/falcon-7b", the RW-era revision)
     _dec("falcon-7b", "tiiuae/falcon-7b", "falcon",
          {"alibi": False, "apply_residual_connection_post_layernorm": False,
           "attention_dropout": 0.0, "bias": False, "bos_token_id": 11, "eos_token_id": 11,
           "hidden_dropout": 0.0, "hidden_size": 4544, "initializer_range": 0.02,
           "layer_norm_epsilon": 1e-05, "multi_query": True, "new_decoder_architecture": False,
           "num_attention_heads": 71, "num_hidden_layers": 32, "parallel_attn": True,
-          "vocab_size": 65024},
+          "torch_dtype": "bfloat16", "vocab_size": 65024},
          6_921_720_704, max_positions=2048),
     # --- Llama family (untied unless noted):
     # V*h*(1 or 2) + L*(2*h*H*d + 2*h*kv*d + 3*h*ff + 2h) + h, d = head dim
@@ -502,25 +519,37 @@ ENTRIES: list[dict[str, Any]] = [
          _llama(2048, 5632, 22, 32, 4, vocab=32000, max_pos=2048, **_LLAMA2), 1_100_048_384,
          aliases=("tinyllama",)),
     # cited: 6,738,415,616 / 13,015,864,320 / 68,976,648,192 (hub safetensors totals)
+    # dtype: float16 for all three: scaleapi/llm-engine model-engine/tests/unit/domain/
+    # test_llm_use_cases.py (the three configs, "_name_or_path" meta-llama/Llama-2-*-hf) and a
+    # transformers log loading models--meta-llama--Llama-2-7b-hf/snapshots/.../config.json.
     _dec("llama-2-7b", "meta-llama/Llama-2-7b-hf", "llama",
-         _llama(4096, 11008, 32, 32, 32, vocab=32000, max_pos=4096, **_LLAMA2), 6_738_415_616,
+         _llama(4096, 11008, 32, 32, 32, vocab=32000, max_pos=4096, torch_dtype="float16",
+                **_LLAMA2), 6_738_415_616,
          aliases=("llama2-7b",)),
     _dec("llama-2-13b", "meta-llama/Llama-2-13b-hf", "llama",
-         _llama(5120, 13824, 40, 40, 40, vocab=32000, max_pos=4096, **_LLAMA2), 13_015_864_320,
+         _llama(5120, 13824, 40, 40, 40, vocab=32000, max_pos=4096, torch_dtype="float16",
+                **_LLAMA2), 13_015_864_320,
          aliases=("llama2-13b",)),
     _dec("llama-2-70b", "meta-llama/Llama-2-70b-hf", "llama",
-         _llama(8192, 28672, 80, 64, 8, vocab=32000, max_pos=4096, **_LLAMA2), 68_976_648_192,
+         _llama(8192, 28672, 80, 64, 8, vocab=32000, max_pos=4096, torch_dtype="float16",
+                **_LLAMA2), 68_976_648_192,
          aliases=("llama2-70b",)),
     # hub: 8,030,261,248 / 70,553,706,496 (3.1 has the same shapes as 3)
+    # dtype: bfloat16 (3-8B, 3-70B): scaleapi/llm-engine test_llm_use_cases.py's copies of
+    # their configs; (3.1-8B): the config a vLLM helper script prints after
+    # AutoModel.from_pretrained("meta-llama/Llama-3.1-8B"). 3.1-70B/405B and 3.2 unchecked, so
+    # it is not in _LLAMA3.
     _dec("llama-3-8b", "meta-llama/Meta-Llama-3-8B", "llama",
-         _llama(4096, 14336, 32, 32, 8, vocab=128256, max_pos=8192, **_LLAMA3), 8_030_261_248,
+         _llama(4096, 14336, 32, 32, 8, vocab=128256, max_pos=8192, torch_dtype="bfloat16",
+                **_LLAMA3), 8_030_261_248,
          aliases=("llama3-8b",)),
     _dec("llama-3-70b", "meta-llama/Meta-Llama-3-70B", "llama",
-         _llama(8192, 28672, 80, 64, 8, vocab=128256, max_pos=8192, **_LLAMA3), 70_553_706_496,
+         _llama(8192, 28672, 80, 64, 8, vocab=128256, max_pos=8192, torch_dtype="bfloat16",
+                **_LLAMA3), 70_553_706_496,
          aliases=("llama3-70b",)),
     _dec("llama-3.1-8b", "meta-llama/Llama-3.1-8B", "llama",
          _llama(4096, 14336, 32, 32, 8, vocab=128256, max_pos=131072,
-                rope_scaling=_llama3_rope(8.0), **_LLAMA3),
+                rope_scaling=_llama3_rope(8.0), torch_dtype="bfloat16", **_LLAMA3),
          8_030_261_248, aliases=("llama3.1-8b", "meta-llama/Meta-Llama-3.1-8B")),
     _dec("llama-3.1-70b", "meta-llama/Llama-3.1-70B", "llama",
          _llama(8192, 28672, 80, 64, 8, vocab=128256, max_pos=131072,
@@ -541,38 +570,48 @@ ENTRIES: list[dict[str, Any]] = [
                 rope_scaling=_llama3_rope(32.0), **{**_LLAMA3, "tie_word_embeddings": True}),
          3_212_749_824, aliases=("llama3.2-3b",)),
     # --- Mistral / Mixtral. cited: 7,241,732,096 (v0.1), 7,248,023,552 (v0.3, V=32768)
+    # dtype: bfloat16 (v0.1): the MistralConfig printed after loading mistralai/Mistral-7B-v0.1,
+    # and mlc-ai/mlc-llm model_preset.py "mistral_7b". v0.3 unchecked.
     _dec("mistral-7b-v0.1", "mistralai/Mistral-7B-v0.1", "mistral",
          _llama(4096, 14336, 32, 32, 8, vocab=32000, max_pos=32768, bos_token_id=1,
-                eos_token_id=2, rope_theta=10000.0, sliding_window=4096),
+                eos_token_id=2, rope_theta=10000.0, sliding_window=4096, torch_dtype="bfloat16"),
          7_241_732_096, aliases=("mistral-7b",)),
     _dec("mistral-7b-v0.3", "mistralai/Mistral-7B-v0.3", "mistral",
          _llama(4096, 14336, 32, 32, 8, vocab=32768, max_pos=32768, bos_token_id=1,
                 eos_token_id=2, rope_theta=1000000.0, sliding_window=None),
          7_248_023_552),
+    # dtype: bfloat16, scaleapi/llm-engine test_llm_use_cases.py and AI-Hypercomputer/maxtext
+    # hf_model_configs.py (mixtral_8x7b_dict) copies of the config.
     # cited (model card 46.7B): 46,702,792,704 =
     # 2*V*h + L*(2h^2 + 2*h*1024 + 8*3*h*ff + 8h + 2h) + h
     _dec("mixtral-8x7b", "mistralai/Mixtral-8x7B-v0.1", "mixtral",
          _llama(4096, 14336, 32, 32, 8, vocab=32000, max_pos=32768, bos_token_id=1,
                 eos_token_id=2, rope_theta=1000000.0, sliding_window=None,
-                num_experts_per_tok=2, num_local_experts=8, router_aux_loss_coef=0.02),
+                num_experts_per_tok=2, num_local_experts=8, router_aux_loss_coef=0.02,
+                torch_dtype="bfloat16"),
          46_702_792_704),
     # --- Qwen2.5 (q/k/v biases; tied for 0.5b/1.5b/3b, untied for 7b/14b)
     # hub: 494,032,768 / 1,543,714,304 / 3,085,938,688 / 7,615,616,512 / 14,770,033,664;
     # formula: Llama formula + (H + 2*kv)*d q/k/v bias per layer.
+    # dtype: bfloat16 (1.5b/3b/7b): config.json rebuilt byte for byte, its git blob id equal to
+    # the one zetsunozomi/Pier-LLM-Pretraining experiments/qwen/pins.json records for the hub
+    # revisions 8faed761 / 3aab1f19 / d1497293 (float16 and float32 give other ids). 0.5b/14b
+    # unchecked.
     _dec("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", "qwen2",
          _qwen25(896, 4864, 24, 14, 2, vocab=151936, max_pos=32768, max_window_layers=24,
                  tie_word_embeddings=True),
          494_032_768),
     _dec("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B", "qwen2",
          _qwen25(1536, 8960, 28, 12, 2, vocab=151936, max_pos=131072, max_window_layers=28,
-                 tie_word_embeddings=True),
+                 tie_word_embeddings=True, torch_dtype="bfloat16"),
          1_543_714_304),
     _dec("qwen2.5-3b", "Qwen/Qwen2.5-3B", "qwen2",
          _qwen25(2048, 11008, 36, 16, 2, vocab=151936, max_pos=32768, max_window_layers=36,
-                 tie_word_embeddings=True),
+                 tie_word_embeddings=True, torch_dtype="bfloat16"),
          3_085_938_688),
     _dec("qwen2.5-7b", "Qwen/Qwen2.5-7B", "qwen2",
-         _qwen25(3584, 18944, 28, 28, 4, vocab=152064, max_pos=131072, max_window_layers=28),
+         _qwen25(3584, 18944, 28, 28, 4, vocab=152064, max_pos=131072, max_window_layers=28,
+                 torch_dtype="bfloat16"),
          7_615_616_512),
     _dec("qwen2.5-14b", "Qwen/Qwen2.5-14B", "qwen2",
          _qwen25(5120, 13824, 48, 40, 8, vocab=152064, max_pos=131072, max_window_layers=48,
@@ -595,28 +634,36 @@ ENTRIES: list[dict[str, Any]] = [
     # --- Gemma (tied, head_dim 256; gemma-2b is multi-query). hub: 2,506,172,416 and
     # 8,537,680,896. The checkpoints' config.json say hidden_act "gelu" plus
     # hidden_activation "gelu_pytorch_tanh"; transformers maps both to the value used here.
+    # dtype: bfloat16 (2b): a copy of google/gemma-2b's config in a diffusion loader
+    # (load_gemma2) and mlc-ai/mlc-llm model_preset.py "gemma_2b"; (7b): the GemmaConfig printed
+    # after loading google/gemma-7b.
     _dec("gemma-2b", "google/gemma-2b", "gemma",
          _llama(2048, 16384, 18, 8, 1, vocab=256000, max_pos=8192, eps=1e-06, head_dim=256,
                 hidden_act="gelu_pytorch_tanh", attention_bias=False, bos_token_id=2,
-                eos_token_id=1, pad_token_id=0, rope_theta=10000.0, tie_word_embeddings=True),
+                eos_token_id=1, pad_token_id=0, rope_theta=10000.0, tie_word_embeddings=True,
+                torch_dtype="bfloat16"),
          2_506_172_416),
     _dec("gemma-7b", "google/gemma-7b", "gemma",
          _llama(3072, 24576, 28, 16, 16, vocab=256000, max_pos=8192, eps=1e-06, head_dim=256,
                 hidden_act="gelu_pytorch_tanh", attention_bias=False, bos_token_id=2,
-                eos_token_id=1, pad_token_id=0, rope_theta=10000.0, tie_word_embeddings=True),
+                eos_token_id=1, pad_token_id=0, rope_theta=10000.0, tie_word_embeddings=True,
+                torch_dtype="bfloat16"),
          8_537_680_896),
     # --- Phi (PhiForCausalLM: biases everywhere, LayerNorm, untied head with bias):
     # 2*V*h + V + L*(4h^2 + 2h*ff + 7h + ff) + 2h. cited: phi-1.5 1,418,270,720; phi-2
-    # 2,779,683,840.
+    # 2,779,683,840. dtype: float16 for both (in _phi): phi-2's config.json as quoted by the
+    # experimental_experiment Phi-2 export example and mlc-ai/mlc-llm "phi-2"; the PhiConfig
+    # printed after loading microsoft/phi-1_5, and mlc-llm "phi-1_5".
     _dec("phi-1.5", "microsoft/phi-1_5", "phi", _phi(2048, 24, 0.5, 0.0), 1_418_270_720,
          aliases=("phi-1_5",)),
     _dec("phi-2", "microsoft/phi-2", "phi", _phi(2560, 32, 0.4, 0.1), 2_779_683_840),
     # --- Phi-3-mini-4k (fused qkv and gate_up projections, untied). cited: 3,821,079,552
+    # dtype: bfloat16, scaleapi/llm-engine test_llm_use_cases.py's copy of its config.json.
     _dec("phi-3-mini-4k", "microsoft/Phi-3-mini-4k-instruct", "phi3",
          _llama(3072, 8192, 32, 32, 32, vocab=32064, max_pos=4096, attention_bias=False,
                 bos_token_id=1, embd_pdrop=0.0, eos_token_id=32000,
                 original_max_position_embeddings=4096, pad_token_id=32000, resid_pdrop=0.0,
-                rope_theta=10000.0, sliding_window=2047),
+                rope_theta=10000.0, sliding_window=2047, torch_dtype="bfloat16"),
          3_821_079_552, aliases=("phi-3-mini",)),
     # --- ViT (ViTForImageClassification, no pooler):
     # h + 197h + 768h + h + L*(4h^2 + 2h*ff + 9h + ff) + 2h + 1000h + 1000
