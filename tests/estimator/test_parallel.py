@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,13 @@ CFG = dict(
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
 
 
+@pytest.fixture
+def jobs2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two workers, even if an earlier test left a thread running (workers() then says 1)."""
+    monkeypatch.setenv("MEMFIT_JOBS", "2")
+    monkeypatch.setattr(parallel.threading, "active_count", lambda: 1)
+
+
 def _pid() -> int:
     return os.getpid()
 
@@ -29,6 +39,7 @@ def _pid() -> int:
 @needs_fork
 def test_jobs_run_in_children_and_come_back_in_order(monkeypatch) -> None:
     monkeypatch.setenv("MEMFIT_JOBS", "3")
+    monkeypatch.setattr(parallel.threading, "active_count", lambda: 1)
     jobs = [lambda i=i: (i * i, os.getpid()) for i in range(7)]
     out = parallel.run_all(jobs)
     assert [v for v, _ in out] == [i * i for i in range(7)]
@@ -45,14 +56,39 @@ def test_off_by_default_and_sequential_with_one_job(monkeypatch) -> None:
 
 
 @needs_fork
-def test_a_failing_job_raises_here(monkeypatch) -> None:
-    monkeypatch.setenv("MEMFIT_JOBS", "2")
-
+def test_a_failing_job_raises_here(jobs2) -> None:
     def bad() -> int:
         raise BadInputError("the job's own error")
 
     with pytest.raises(BadInputError, match="the job's own error"):
         parallel.run_all([bad, lambda: 1])
+
+
+@needs_fork
+def test_a_child_that_hangs_is_killed_and_its_job_runs_here(jobs2, monkeypatch) -> None:
+    monkeypatch.setattr(parallel, "CHILD_SECONDS", 0.5)
+
+    def hangs_in_a_child() -> int:
+        if parallel._in_child:
+            time.sleep(60)
+        return os.getpid()
+
+    t0 = time.monotonic()
+    assert parallel.run_all([hangs_in_a_child, _pid]) == [os.getpid(), os.getpid()]
+    assert time.monotonic() - t0 < 30
+
+
+@needs_fork
+def test_other_children_of_the_program_keep_their_exit_status(jobs2) -> None:
+    other = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(1); sys.exit(7)"])
+    parallel.run_all([lambda: time.sleep(1.5) or 1, lambda: 2])
+    assert other.wait(timeout=30) == 7
+
+
+def test_more_threads_mean_no_children(monkeypatch) -> None:
+    monkeypatch.setenv("MEMFIT_JOBS", "2")
+    monkeypatch.setattr(parallel.threading, "active_count", lambda: 2)
+    assert parallel.workers() == 1
 
 
 @needs_fork
@@ -63,6 +99,7 @@ def test_an_estimate_with_children_equals_one_without(tmp_path: Path, monkeypatc
     monkeypatch.setenv("MEMFIT_JOBS", "1")
     alone = memfit.estimate(str(path), w, gpu="rtx-4090")
     monkeypatch.setenv("MEMFIT_JOBS", "2")
+    monkeypatch.setattr(parallel.threading, "active_count", lambda: 1)
     side_by_side = memfit.estimate(str(path), w, gpu="rtx-4090")
     assert alone.replayed and side_by_side.replayed
     a, b = alone.profile, side_by_side.profile

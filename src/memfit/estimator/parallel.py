@@ -23,15 +23,21 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 _in_child = False
+
+#: A child running longer than this is killed and its job run here (a trace takes seconds; a
+#: child that hangs, e.g. on a lock another thread held at the fork, must not hang memfit).
+CHILD_SECONDS = 600.0
 
 
 def workers() -> int:
@@ -60,28 +66,40 @@ def run_all(
     done = [False] * len(jobs)
     pending = list(range(len(jobs)))
     children: dict[int, int] = {}  # pid -> job index
+    started: dict[int, float] = {}  # pid -> time.monotonic() at the fork
     with tempfile.TemporaryDirectory(prefix="memfit-trace-") as folder:
 
         def path(i: int) -> str:
             return os.path.join(folder, f"{i}.pkl")
 
         def reap(block: bool) -> None:
+            """Collect this call's children that ended (only them: another part of the
+            program may have children of its own); with `block`, wait until one has. A child
+            past CHILD_SECONDS is killed, and its job runs again here."""
             while children:
-                pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
-                if pid == 0:
+                for pid in list(children):
+                    if time.monotonic() - started[pid] > CHILD_SECONDS:
+                        os.kill(pid, signal.SIGKILL)
+                    ended, status = os.waitpid(pid, os.WNOHANG)
+                    if ended == 0:
+                        continue
+                    i = children.pop(pid)
+                    del started[pid]
+                    ok = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+                    if ok and os.path.exists(path(i)):
+                        with open(path(i), "rb") as f:
+                            results[i], done[i] = unpack(pickle.load(f)), True
+                    if block:
+                        return
+                if not block:
                     return
-                i = children.pop(pid, -1)
-                ok = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-                if i >= 0 and ok and os.path.exists(path(i)):
-                    with open(path(i), "rb") as f:
-                        results[i], done[i] = unpack(pickle.load(f)), True
-                if block:
-                    return
+                time.sleep(0.002)
 
         while pending:
             while pending and len(children) < n - 1 and len(pending) > 1:
                 i = pending.pop(0)
-                children[_fork(jobs[i], pack, path(i))] = i
+                pid = _fork(jobs[i], pack, path(i))
+                children[pid], started[pid] = i, time.monotonic()
             if pending:
                 i = pending.pop()
                 results[i], done[i] = jobs[i](), True
