@@ -28,8 +28,8 @@ def cache_command(
         return
     files = trace_cache.entries(root)
     by_kind: dict[str, list[int]] = {}
-    for p in files:
-        by_kind.setdefault(p.parent.name, []).append(p.stat().st_size)
+    for p, size in files:
+        by_kind.setdefault(p.parent.name, []).append(size)
     state = "on" if trace_cache.enabled() else "off (MEMFIT_NO_CACHE is set)"
     typer.echo(f"memfit cache: {root} ({state}; at most "
                f"{format_bytes(trace_cache.max_bytes())}, oldest removed first)")  # fmt: skip

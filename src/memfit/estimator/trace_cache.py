@@ -3,7 +3,7 @@
 A trace is a pure function of what built and ran it: the model (its config and head), the
 workload (every field but the GPU's name and the host's RAM, which only the accounting after
 the trace reads), the GPU's compute capability (it picks the attention kernel), and the code:
-memfit's own source, torch, transformers, peft, bitsandbytes, torchao and accelerate. The key
+memfit's own source, Python, torch, transformers, peft, bitsandbytes, torchao and accelerate. The key
 is a SHA-256 of all of them, so an edit to memfit or an upgrade of transformers misses the
 cache instead of reading a stale trace. A model memfit cannot name that way (an `nn.Module`
 passed in, a factory's model, a model with a `make_batch`) is never cached.
@@ -29,6 +29,7 @@ import io
 import json
 import os
 import pickle
+import sys
 import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -100,6 +101,7 @@ def code_digest() -> str:
         for path in sorted(root.rglob("*.py")):
             h.update(str(path.relative_to(root)).encode())
             h.update(path.read_bytes())
+        h.update(f"python={sys.version}".encode())
         for name in ("torch", *TRACED_PACKAGES):
             try:
                 version = importlib.metadata.version(name)
@@ -167,27 +169,34 @@ def max_bytes() -> int:
     return int(text) if text and text.isdigit() else DEFAULT_MAX_BYTES
 
 
-def entries(root: Path | None = None) -> list[Path]:
-    """The cache's files, oldest first."""
+def entries(root: Path | None = None) -> list[tuple[Path, int]]:
+    """The cache's files and their sizes, oldest first (another memfit process may be adding
+    and removing files meanwhile: one gone before it is read is left out)."""
     root = root or cache_dir()
-    files = [p for p in root.glob("*/*.pkl") if p.is_file()]
-    return sorted(files, key=lambda p: p.stat().st_mtime)
+    found = []
+    for p in root.glob("*/*.pkl"):
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            continue
+        found.append((st.st_mtime, p, st.st_size))
+    return [(p, size) for _, p, size in sorted(found)]
 
 
 def _prune(root: Path) -> None:
     files = entries(root)
-    total = sum(p.stat().st_size for p in files)
-    for p in files:
+    total = sum(size for _, size in files)
+    for p, size in files:
         if total <= max_bytes():
             break
-        total -= p.stat().st_size
+        total -= size
         p.unlink(missing_ok=True)
 
 
 def clear() -> int:
     """Remove every cached file and forget the memory copies; returns the files removed."""
     files = entries()
-    for p in files:
+    for p, _ in files:
         p.unlink(missing_ok=True)
     forget()
     return len(files)
