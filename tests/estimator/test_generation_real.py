@@ -148,8 +148,8 @@ def test_bad_inputs_name_the_value_and_the_fix() -> None:
         )
     with pytest.raises(BadInputError, match=r"tp=3 does not divide the model's 8 KV heads"):
         memfit.estimate("llama-3.1-8b", memfit.Workload(mode="generate", prompt_len=8, tp=3))
-    with pytest.raises(BadInputError, match="not modelled yet"):
-        memfit.estimate(tiny_llama(), _workload(1, "dynamic").with_(cache="quantized"))
+    with pytest.raises(BadInputError, match=r"cache='offloaded' with num_beams=3"):
+        memfit.estimate(tiny_llama(), _workload(3, "offloaded"))
 
 
 def test_default_prompt_len() -> None:

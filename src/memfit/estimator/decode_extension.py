@@ -238,15 +238,21 @@ class DecodeExtension:
     why_not: str | None = None
 
 
-def extend_decode(trace_calls: Callable[[int], Any], calls: int) -> DecodeExtension:
+def extend_decode(
+    trace_calls: Callable[[int], Any], calls: int, *, why_not: str | None = None
+) -> DecodeExtension:
     """The trace of a generation of `calls` model calls, from `trace_calls(n)` (a Trace of a
     generation of n calls), extended from a few calls when that is verified exactly.
 
     See Note: [How the decode steps are extended]. `trace_calls(TRACED_CALLS)` is called
-    first, so a caller may reuse a trace it already made for that many calls.
+    first, so a caller may reuse a trace it already made for that many calls. `why_not`: the
+    caller knows the decode steps change beyond the traced ones (a quantized cache's flush,
+    which a check on TRACED_CALLS + VERIFY_EXTRA calls would not see): every call is traced.
     """
     if calls <= EXTEND_ABOVE:
         return DecodeExtension(trace_calls(calls), extended=False)
+    if why_not is not None:
+        return DecodeExtension(trace_calls(calls), extended=False, why_not=why_not)
     a = trace_calls(TRACED_CALLS)
     b = trace_calls(TRACED_CALLS + 1)
     c = trace_calls(TRACED_CALLS + VERIFY_EXTRA)

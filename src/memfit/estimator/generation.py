@@ -11,8 +11,9 @@ is the prefill (phase "prefill"), steps 1.. are decode steps (phase "decode").
 
 Fake tensors have no values, so the few places where `generate` reads one are answered the way a
 generation of exactly `new_tokens` tokens from memfit's synthetic prompt (no padding, no special
-tokens) answers them (see `_Oracle`): no sequence stops before `max_new_tokens`, the worst case
-for memory.
+tokens) answers them (see generation_oracle.Oracle): no sequence stops before `max_new_tokens`,
+the worst case for memory. The quantized and offloaded caches run transformers' own code, with
+what fake CPU tensors cannot do emulated (estimator.kv_cache_quantized, kv_cache_offload).
 
 A generation of N tokens has N model calls. Only a few are traced (memfit.estimator.
 decode_extension extends the stream to N and checks the extension against a longer trace).
@@ -20,9 +21,7 @@ decode_extension extends the stream to N and checks the extension against a long
 
 from __future__ import annotations
 
-import contextlib
 import gc
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -30,6 +29,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memfit.errors import BadInputError, TraceError
+from memfit.estimator import kv_cache_offload, kv_cache_quantized
 from memfit.estimator.auto_precision import check_resolved
 from memfit.estimator.decode_extension import (
     CALL_END_OP,
@@ -39,6 +39,7 @@ from memfit.estimator.decode_extension import (
     extend_decode,
 )
 from memfit.estimator.fake_distributed import fake_world
+from memfit.estimator.generation_oracle import GenerationTracker, Oracle
 from memfit.estimator.kv_cache import CacheWatcher, check_tp, kv_geometry
 from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch, expand
 from memfit.estimator.step_runner import (
@@ -88,12 +89,12 @@ def check_generation(spec: ModelSpec, w: Workload) -> None:
             check_tp(kv_geometry(config), w.tp)
     check_tensor_parallel(w.tp, w.quantize)
     check_resolved(w)
-    if w.cache in ("quantized", "offloaded"):
-        raise BadInputError(
-            f"cache={w.cache!r} is not modelled yet (transformers' QuantizedCache needs the "
-            "optimum-quanto or hqq backend, OffloadedCache CUDA streams). Use cache='dynamic' or "
-            "cache='static'."
-        )
+    if w.cache == "offloaded":
+        kv_cache_offload.check_offloaded(w.tp, w.num_beams)
+    if w.cache == "quantized":
+        config = _config_of(spec)
+        has_heads = config is not None and hasattr(config, "num_attention_heads")
+        kv_cache_quantized.check_quantized(kv_geometry(config) if has_heads else None, w.num_beams)
     if spec.task != "causal-lm" or spec.input_kind != "tokens":
         raise BadInputError(
             f"mode='generate' needs a decoder-only language model (task 'causal-lm'), and "
@@ -134,104 +135,6 @@ def prompt_len(w: Workload) -> int:
     return w.prompt_len if w.prompt_len is not None else DEFAULT_PROMPT_LEN
 
 
-class _GenerationTracker(Tracker):
-    """The tracker, answering the value reads `generate` makes on a synthetic prompt.
-
-    Outside the patched stopping checks (`_Oracle`), `generate` reads a value to inspect its
-    inputs: `(attention_mask == 1).all()` (is there padding?) and `(ids < 0).any()` (dummy
-    ids?), and with a batch of prompts and a pad token `sum(ids[:, -1] == pad) > 0` (right
-    padding?). memfit's prompt has no padding and no negative or special ids, so an `all` is
-    True, an `any` False, and that comparison False. After its loop, beam search crops its
-    outputs (views) to the generated length, `max_generated_length = (...).sum(dim=1).max()`
-    and `prompt + max_generated_length`: new_tokens and prompt_len + new_tokens. Any other
-    read is an error naming the op.
-    """
-
-    #: Set by the trace: the oracle of the generation and the prompt length.
-    oracle: _Oracle
-    prompt_len: int
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            sid = self.sid_of(args[0])
-            op = self.records[sid].op if sid is not None else "?"
-            finished = self.oracle.calls >= self.oracle.new_tokens
-            if op.startswith("all."):
-                return True
-            if op.startswith("any."):
-                return False
-            if op.startswith("gt.") and self.oracle.calls == 0:
-                return False  # a batch's right-padding check: `sum(ids[:, -1] == pad) > 0`
-            if finished and op.startswith("max."):
-                return self.oracle.new_tokens
-            if finished and op.startswith("add."):
-                return self.prompt_len + self.oracle.new_tokens
-            raise TraceError(
-                f"generate read the value of a tensor made by {op!r}, which a fake trace "
-                "cannot know. memfit models greedy search and beam search of exactly "
-                "new_tokens tokens; a custom logits processor or stopping criterion is not "
-                "modelled."
-            )
-        return super().__torch_dispatch__(func, types, args, kwargs)
-
-
-class _Oracle:
-    """The stopping decisions of a generation of exactly `new_tokens` tokens.
-
-    The patched functions run the same tensor ops as transformers' (so the same storages come
-    and go) and return what a run without early stopping returns: unfinished until the model
-    has been called `new_tokens` times (one prefill, new_tokens - 1 decode steps).
-    """
-
-    def __init__(self, new_tokens: int) -> None:
-        self.new_tokens = new_tokens
-        self.calls = 0
-
-    @contextlib.contextmanager
-    def patched(self) -> Iterator[None]:
-        import transformers.cache_utils as cu
-        import transformers.generation.utils as gu
-
-        oracle = self
-        stop_check = gu.StopCheck.__call__
-        beams_unfinished = gu.GenerationMixin._beam_search_has_unfinished_sequences
-        reorder = cu.StaticLayer.reorder_cache
-
-        def stop_call(
-            self: Any, unfinished: torch.Tensor, tokens: torch.Tensor, length: int
-        ) -> bool:
-            # transformers: `return bool(unfinished_sequences.max() == 0)` (no streamer here).
-            done = unfinished.max() == 0
-            del done
-            return oracle.calls >= oracle.new_tokens
-
-        def beams_call(*args: Any, **kwargs: Any) -> bool:
-            flag = beams_unfinished(*args, **kwargs)  # the same ops; the value is unknown
-            del flag
-            return oracle.calls < oracle.new_tokens
-
-        def static_reorder(self: Any, beam_idx: torch.Tensor) -> None:
-            # transformers' CacheLayerMixin.reorder_cache, whose `if self.get_seq_length() > 0`
-            # holds after the prefill (the only time generate reorders).
-            filled = self.get_seq_length() > 0
-            del filled
-            self.keys = self.keys.index_select(0, beam_idx.to(self.keys.device))
-            self.values = self.values.index_select(0, beam_idx.to(self.values.device))
-
-        setattr(gu.StopCheck, "__call__", stop_call)  # noqa: B010
-        name = "_beam_search_has_unfinished_sequences"
-        setattr(gu.GenerationMixin, name, staticmethod(beams_call))
-        setattr(cu.StaticLayer, "reorder_cache", static_reorder)  # noqa: B010
-        try:
-            yield
-        finally:
-            gu.StopCheck.__call__ = stop_check  # type: ignore[method-assign]
-            gu.GenerationMixin._beam_search_has_unfinished_sequences = staticmethod(  # type: ignore[method-assign]
-                beams_unfinished
-            )
-            cu.StaticLayer.reorder_cache = reorder  # type: ignore[method-assign]
-
-
 def generate_kwargs(w: Workload, new_tokens: int) -> dict[str, Any]:
     """The `generate` arguments of the workload, generating `new_tokens` tokens.
 
@@ -250,6 +153,9 @@ def generate_kwargs(w: Workload, new_tokens: int) -> dict[str, Any]:
     if w.cache == "static":
         kwargs["cache_implementation"] = "static"
         kwargs["max_cache_len"] = prompt_len(w) + w.new_tokens - 1
+    elif w.cache in ("quantized", "offloaded"):
+        # QuantizedCache(backend="quanto"), DynamicCache(offloading=True)
+        kwargs["cache_implementation"] = w.cache
     return kwargs
 
 
@@ -281,11 +187,13 @@ def _traced_once(spec: ModelSpec, w: Workload, capability: tuple[int, int] | Non
     config = getattr(model, "config", None)
     if config is not None:
         config.use_cache = True  # _traced_model turns it off for training and inference
+        if w.cache == "quantized" and hasattr(config, "num_attention_heads"):
+            kv_cache_quantized.check_quantized(kv_geometry(config), w.num_beams)
     params = list(dict.fromkeys(model.parameters()))
-    tracker = _GenerationTracker(model, blocks)
+    tracker = GenerationTracker(model, blocks)
     emulation = _emulate_cuda(tracker, w, low, capability)
     watcher = CacheWatcher(tracker)
-    oracle = _Oracle(new_tokens)
+    oracle = Oracle(new_tokens)
     tracker.oracle, tracker.prompt_len = oracle, prompt_len(w)
 
     def before_call(module: Any, args: Any, kwargs: Any) -> None:
@@ -308,7 +216,8 @@ def _traced_once(spec: ModelSpec, w: Workload, capability: tuple[int, int] | Non
     vocab = int(getattr(config, "vocab_size", 32000) or 32000)
     kept: list[Any] = []  # the generated ids outlive the trace, as a user's generate result does
     try:
-        with fake_mode, tracker, oracle.patched(), _unpacked_synthetic_inputs(spec):
+        with fake_mode, tracker, oracle.patched(), _unpacked_synthetic_inputs(spec), \
+                _cache_emulation(w, tracker):  # fmt: skip
             _register_model(tracker, model, params, [], parameter_modules(model))
             try:
                 tracker.set_phase("inputs", 0)
@@ -358,6 +267,17 @@ def _traced_once(spec: ModelSpec, w: Workload, capability: tuple[int, int] | Non
     )
 
 
+def _cache_emulation(w: Workload, tracker: Tracker) -> Any:
+    """What the quantized and offloaded caches need emulated on a fake trace, else nothing."""
+    import contextlib
+
+    if w.cache == "offloaded":
+        return kv_cache_offload.emulated(tracker)
+    if w.cache == "quantized":
+        return kv_cache_quantized.emulated()
+    return contextlib.nullcontext()
+
+
 def _block_params(model: torch.nn.Module, blocks: list[str]) -> int:
     if len(blocks) < 2:
         return 0
@@ -391,14 +311,19 @@ class GenerationFigures:
         prompt_len, new_tokens, num_beams, cache: the generation estimated.
         kv_tokens: positions the cache holds at the end (prompt_len + new_tokens - 1: the
             last token is never fed back; a static cache is allocated at that length).
-        kv_cache_bytes: the cache's bytes at the end of the last model call, all layers.
+        kv_cache_bytes: the cache's bytes at the end of the last model call, all layers,
+            wherever they are (an offloaded cache's host copies included; a quantized cache's
+            packed data, scales and shifts, and full-precision residual).
         kv_bytes_by_layer: the same by layer (index in the model's layer stack).
-        kv_bytes_per_token: bytes one more cached position adds, all layers, batch and beams.
+        kv_host_bytes: of kv_cache_bytes, the bytes in host memory (cache="offloaded": every
+            layer but the one prefetched for the next step); 0 for the other caches.
+        kv_bytes_per_token: kv_cache_bytes over the positions held (exact for a plain cache).
         prefill_peak_bytes / decode_peak_bytes: peak allocated during the prefill (the
             first model call and generate's setup) and during the decode steps.
         limiting_phase: "prefill" or "decode", whichever peaks higher.
         max_kv_tokens: when a GPU is named, the cache positions that fit (kv_tokens plus the
-            headroom below the fit limit over kv_bytes_per_token); None otherwise.
+            headroom below the fit limit over the device bytes per position: kv_bytes_per_token,
+            or for an offloaded cache the two layers on the device at once); None otherwise.
         decode_extended: the decode steps were rebuilt from a few traced model calls
             (memfit.estimator.decode_extension), not each traced.
     """
@@ -416,6 +341,7 @@ class GenerationFigures:
     limiting_phase: str
     max_kv_tokens: int | None = None
     decode_extended: bool = False
+    kv_host_bytes: int = 0
 
 
 def name_phases(trace: Trace) -> None:
@@ -429,14 +355,20 @@ def name_phases(trace: Trace) -> None:
 
     trace.events = [ev._replace(phase=name(ev.phase, ev.step)) for ev in trace.events]
     for rec in trace.records.values():
-        rec.phase = name(rec.phase, rec.step)
+        # An offloaded layer's host copy keeps "forward", where it was made: host storages
+        # made in a forward are pinned (host_memory.is_pinned), as `.to("cpu",
+        # non_blocking=True)` pins them (estimator.kv_cache_offload).
+        if not rec.host:
+            rec.phase = name(rec.phase, rec.step)
 
 
-def kv_at_last_call(trace: Trace, n_layers: int) -> list[int]:
-    """KV bytes per layer alive at the end of the last model call (its CALL_END_OP marker).
+def kv_at_last_call(trace: Trace, n_layers: int) -> tuple[list[int], int]:
+    """KV bytes per layer alive at the end of the last model call (its CALL_END_OP marker),
+    on the device and in host memory, and the host bytes among them.
 
     The layer of a storage is its repeated block (record owner); a model without repeated
-    blocks counts its cache as layer 0.
+    blocks counts its cache as layer 0. An offloaded cache's prefetched copy is made in the
+    block before its layer's (the last block prefetches layer 0).
     """
     records = trace.records
     last = max(i for i, ev in enumerate(trace.events) if ev.op == CALL_END_OP)
@@ -447,14 +379,18 @@ def kv_at_last_call(trace: Trace, n_layers: int) -> list[int]:
         else:
             alive.pop(ev.sid, None)
     by_layer = [0] * max(n_layers, 1)
+    host = 0
     # Beam search reorders each layer outside its block (owner -1): the watcher's layer then.
     layer_of: dict[int, int] = getattr(trace, _KV_LAYER, {})
     for sid in alive:
         rec = records[sid]
-        if rec.category == Category.KV_CACHE and not rec.host:
+        if rec.category == Category.KV_CACHE:
             layer = rec.owner if rec.owner >= 0 else layer_of.get(sid, 0)
+            if rec.op == kv_cache_offload.OP_TO_DEVICE and rec.owner >= 0:
+                layer = (layer + 1) % len(by_layer)
             by_layer[min(layer, len(by_layer) - 1)] += rec.nbytes
-    return by_layer
+            host += rec.nbytes if rec.host else 0
+    return by_layer, host
 
 
 def without_markers(trace: Trace) -> tuple[dict[int, StorageRecord], list[Event]]:
@@ -502,12 +438,12 @@ def trace_generation(
                 )  # fmt: skip
 
             try:
-                ext = extend_decode(expanded, w.new_tokens)
+                ext = extend_decode(expanded, w.new_tokens, why_not=_not_extended(w))
             except ReplayMismatch:
                 pass
             else:
                 return _named(ext.trace, ext.extended, ext.why_not), n, True
-    ext = extend_decode(lambda calls: traced(None, calls), w.new_tokens)
+    ext = extend_decode(lambda calls: traced(None, calls), w.new_tokens, why_not=_not_extended(w))
     return _named(ext.trace, ext.extended, ext.why_not), len(ext.trace.block_paths), False
 
 
@@ -522,6 +458,21 @@ def _named(trace: Trace, extended: bool, why_not: str | None) -> Trace:
             f"{TRACED_CALLS} traced calls ({why_not})."
         )
     return trace
+
+
+def _not_extended(w: Workload) -> str | None:
+    """Why the decode steps of `w` are not linear in the step, or None when they may be.
+
+    A quantized cache re-quantizes every `residual_length` decode steps: a generation with
+    such a flush is traced call by call (one without is linear, and extended and checked as
+    any other)."""
+    residual = kv_cache_quantized.RESIDUAL_LENGTH
+    if w.cache == "quantized" and w.new_tokens - 1 >= residual:
+        return (
+            f"the quantized cache re-quantizes every {residual} decode steps, and "
+            f"{w.new_tokens - 1} decode steps include such a flush"
+        )
+    return None
 
 
 def _uniform(spec: ModelSpec) -> bool:
@@ -557,19 +508,22 @@ def generation_figures(
     `headroom`: bytes left below the fit limit on the named GPU (negative when it does not
     fit), or None without a GPU.
     """
-    by_layer = kv_at_last_call(trace, n_layers)
+    by_layer, host = kv_at_last_call(trace, n_layers)
     prompt = prompt_len(w)
     tokens = prompt + w.new_tokens - 1
     total = sum(by_layer)
     per_token = total // tokens if tokens else 0
+    # The device's bytes per position: an offloaded cache has two layers there at once.
+    on_device = min(2, len(by_layer)) * max(by_layer) if w.cache == "offloaded" else total
+    device_per_token = on_device // tokens if tokens else 0
     peaks = {"prefill": 0, "decode": 0}
     for ph in profile.phases:
         if ph.phase in peaks:
             peaks[ph.phase] = max(peaks[ph.phase], ph.peak_bytes)
     limiting = "decode" if peaks["decode"] > peaks["prefill"] else "prefill"
     max_tokens = None
-    if headroom is not None and per_token > 0:
-        max_tokens = max(tokens + headroom // per_token, 0)
+    if headroom is not None and device_per_token > 0:
+        max_tokens = max(tokens + headroom // device_per_token, 0)
     return GenerationFigures(
         prompt_len=prompt,
         new_tokens=w.new_tokens,
@@ -584,4 +538,5 @@ def generation_figures(
         limiting_phase=limiting,
         max_kv_tokens=max_tokens,
         decode_extended=bool(getattr(trace, _EXTENDED, False)),
+        kv_host_bytes=host,
     )

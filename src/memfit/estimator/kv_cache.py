@@ -82,13 +82,49 @@ def check_tp(geometry: KVGeometry, tp: int) -> None:
         )
 
 
+#: Where a quantized layer (transformers' QuantizedLayer) keeps its quantized states.
+QUANTIZED_STATES = ("_quantized_keys", "_quantized_values")
+
+
 def layer_tensors(cache: Any) -> Iterator[tuple[int, torch.Tensor]]:
-    """(layer index, tensor) for every tensor the cache's layers hold now."""
+    """(layer index, tensor) for every tensor the cache's layers hold now: keys and values (a
+    quantized layer's full-precision residual) and a quantized layer's quantized states."""
     for i, layer in enumerate(getattr(cache, "layers", ())):
         for name in ("keys", "values"):
             t = getattr(layer, name, None)
             if isinstance(t, torch.Tensor):
                 yield i, t
+        for name in QUANTIZED_STATES:
+            for t in state_tensors(getattr(layer, name, None)):
+                yield i, t
+
+
+def state_tensors(state: Any) -> Iterator[torch.Tensor]:
+    """The plain tensors behind a quantized state: a tensor subclass's inner tensors
+    (`__tensor_flatten__`: quanto's WeightQBitsTensor holds `_data` (a PackedTensor holding
+    `_data`), `_scale`, `_shift`), the items of a tuple (HQQ's `(tensor, meta)`), the values
+    of a dict (HQQ's meta: scale, zero) or the fields of a dataclass (memfit's
+    kv_cache_quantized.EmulatedQBits)."""
+    import dataclasses
+
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if isinstance(state, torch.Tensor):
+        if is_traceable_wrapper_subclass(state):
+            names, _ = state.__tensor_flatten__()
+            for name in names:
+                yield from state_tensors(getattr(state, name))
+        else:
+            yield state
+    elif isinstance(state, (tuple, list)):
+        for item in state:
+            yield from state_tensors(item)
+    elif isinstance(state, dict):
+        for item in state.values():
+            yield from state_tensors(item)
+    elif dataclasses.is_dataclass(state) and not isinstance(state, type):
+        for f in dataclasses.fields(state):
+            yield from state_tensors(getattr(state, f.name))
 
 
 def watch_cache(cache: Any, mark: Callable[[torch.Tensor, int], None]) -> Callable[[], None]:
@@ -158,8 +194,10 @@ class CacheWatcher:
         self.layer_of: dict[int, int] = {}
 
     def mark(self, t: torch.Tensor, layer: int) -> None:
-        self.tracker.mark(t, Category.KV_CACHE)
         sid = self.tracker.sid_of(t)
+        # An offloaded layer's host copy stays host memory (estimator.kv_cache_offload).
+        host = sid is not None and self.tracker.records[sid].host
+        self.tracker.mark(t, Category.KV_CACHE, host=host)
         if sid is not None:
             self.layer_of[sid] = layer
 
