@@ -75,7 +75,7 @@ def serve_command(
         from memfit.planner.serving import serving_capacity
 
         cap = serving_capacity(
-            model, gpu, precision=precision, quantize=quantize,
+            model, gpu, precision=precision or "bf16-true", quantize=quantize,
             gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
             context_len=context_len, max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs, task=task,

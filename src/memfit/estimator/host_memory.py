@@ -10,7 +10,9 @@ the trace keeps on the host (`StorageRecord.host`) is counted here, in one of tw
   rounded size, never returned to the OS during the run). Pinned: storages on the host made in
   the forward or backward (saved activations copied down, gradients copied down), parameters on
   the host (FSDP2's `CPUOffloadPolicy(pin_memory=True)`), and the parameter and gradient copies
-  `CpuOffloadOptimizer` keeps (pinned when CUDA is there, `.to("cpu", non_blocking=True)`).
+  `CpuOffloadOptimizer` keeps (pinned when CUDA is there, `.to("cpu", non_blocking=True)`),
+  and the KV layers an offloaded cache keeps on the host (transformers copies them down the
+  same way).
 - **pageable** memory: optimizer state and update temporaries made on the CPU (`zeros_like` of
   a CPU parameter is not pinned), an embedding table kept on the CPU.
 
@@ -89,7 +91,7 @@ def is_pinned(r: StorageRecord, embedding_path: str | None) -> bool:
         r.module == embedding_path or r.module.startswith(embedding_path + ".")
     ):
         return False
-    if r.category == "parameters":
+    if r.category in ("parameters", "kv_cache"):  # an offloaded KV layer: .to("cpu", non_blocking)
         return True
     return r.phase in ("inputs", "forward", "backward")
 

@@ -62,13 +62,15 @@ def host_json(host: Any) -> dict[str, Any] | None:
 
 
 def generation_json(est: Estimate) -> dict[str, Any]:
-    """The generation keys of the contract (mode="generate" only): `kv_cache_bytes`,
-    `prefill_peak_bytes`, `decode_peak_bytes`, `max_kv_tokens` (a GPU named), `generation`."""
+    """The generation keys of the contract (mode="generate" only): `kv_cache_bytes` (of which
+    `kv_host_bytes` on the host: an offloaded cache), `prefill_peak_bytes`,
+    `decode_peak_bytes`, `max_kv_tokens` (a GPU named), `generation`."""
     gen = est.generation
     if gen is None:
         return {}
     return {
         "kv_cache_bytes": gen.kv_cache_bytes,
+        "kv_host_bytes": gen.kv_host_bytes,
         "prefill_peak_bytes": gen.prefill_peak_bytes,
         "decode_peak_bytes": gen.decode_peak_bytes,
         "max_kv_tokens": gen.max_kv_tokens,
