@@ -189,22 +189,29 @@ def _trace_spec(
 ) -> tuple[Trace, int, bool]:
     if w.mode == "generate":
         return trace_generation(spec, w, capability)
-    n = spec.num_layers
-    partial_ckpt = w.checkpoint_first is not None and w.checkpoint_first < (n or 0)
-    # Blocks checkpointed and not are different blocks: such a model is traced whole.
-    if spec.can_shorten and n is not None and n > TRACED_BLOCKS + 1 and not partial_ckpt:
-        entry = spec.extra.get("entry")
-        uniform = entry is None or _uniform_layers(entry.config)
-        if uniform:
-            four, tr = _short_traces(spec, w, capability, verify)
-            if len(tr.block_paths) == TRACED_BLOCKS:
-                try:
-                    if four is None or _replay_verified(tr, four):
-                        return _expanded(tr, n), n, True
-                except ReplayMismatch:
-                    pass
+    n = replayable_blocks(spec, w)
+    if n is not None:
+        four, tr = _short_traces(spec, w, capability, verify)
+        if len(tr.block_paths) == TRACED_BLOCKS:
+            try:
+                if four is None or _replay_verified(tr, four):
+                    return _expanded(tr, n), n, True
+            except ReplayMismatch:
+                pass
     tr = run_trace(spec, w, capability)
     return tr, len(tr.block_paths), False
+
+
+def replayable_blocks(spec: ModelSpec, w: Workload) -> int | None:
+    """The model's block count when a trace of `TRACED_BLOCKS` of them may be replayed to all
+    (memfit.estimator.replay), else None: a model memfit cannot shorten, too few blocks,
+    blocks that differ (the first k checkpointed, sliding-window layers)."""
+    n = spec.num_layers
+    partial_ckpt = w.checkpoint_first is not None and w.checkpoint_first < (n or 0)
+    if not spec.can_shorten or n is None or n <= TRACED_BLOCKS + 1 or partial_ckpt:
+        return None
+    entry = spec.extra.get("entry")
+    return n if entry is None or _uniform_layers(entry.config) else None
 
 
 def _expanded(tr: Trace, n: int) -> Trace:

@@ -74,6 +74,9 @@ class Trace:
     module_types: dict[str, str] = field(default_factory=dict)
     #: Notes of the trace-time preparation for the estimate (e.g. what stayed unquantized).
     notes: list[str] = field(default_factory=list)
+    #: Step -> the storage of each trainable parameter's gradient (in the optimizer's order)
+    #: when the optimizer phase began (memfit.estimator.compose).
+    grad_sids: dict[int, list[int | None]] = field(default_factory=dict)
 
 
 def materialize_fake(
@@ -231,18 +234,23 @@ def step_loss(spec: ModelSpec, out: Any, batch: Any) -> torch.Tensor:
 
 
 def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, *,
-              num_layers: int | None = None) -> Trace:  # fmt: skip
+              num_layers: int | None = None,
+              grad_origins: GradOrigins | None = None) -> Trace:  # fmt: skip
     """Build the model, trace `w.steps` steps, and return the event stream.
 
     With `w.gpus > 1` the model is sharded with FSDP2 over a fake process group (memfit.
-    fake_distributed) and the stream is that of rank 0.
+    fake_distributed) and the stream is that of rank 0. With `grad_origins`: no forward and
+    backward, the gradients made directly (`_stand_in_gradients`), for memfit.estimator.compose.
     """
     _freeze_long_lived_objects()
+    step: Any = _one_step
+    if grad_origins is not None:
+        step = functools.partial(_stand_in_gradients, origins=grad_origins)
     if w.gpus == 1 and not w.fsdp_cpu_offload:  # FSDP2's CPU offload shards over one rank too
-        return _run_trace(spec, w, capability, num_layers, None)
+        return _run_trace(spec, w, capability, num_layers, None, step)
 
     with fake_world(w.gpus) as mesh:
-        return _run_trace(spec, w, capability, num_layers, mesh)
+        return _run_trace(spec, w, capability, num_layers, mesh, step)
 
 
 def _freeze_long_lived_objects() -> None:
@@ -260,7 +268,7 @@ def _freeze_long_lived_objects() -> None:
 
 
 def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
-               num_layers: int | None, mesh: Any) -> Trace:  # fmt: skip
+               num_layers: int | None, mesh: Any, run_step: Any) -> Trace:  # fmt: skip
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     low = DTYPES[w.compute_dtype_name]
     model, blocks = _traced_model(spec, w, num_layers, fake_mode, low, mesh)
@@ -302,8 +310,8 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
         try:
             for step in range(w.steps):
                 with _unpacked_synthetic_inputs(spec):
-                    _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step,
-                              grad_owners, distill)  # fmt: skip
+                    run_step(spec, model, w, tracker, emulation, optimizer, scale, low, step,
+                             grad_owners, distill)  # fmt: skip
                 if optimizer is not None:
                     mark_state(tracker, optimizer, host_keys)
         except (BadInputError, TraceError):
@@ -326,6 +334,7 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
         block_trainable_parameter_count=_block_params(model, blocks, trainable_only=True),
         module_types={n: type(m).__name__ for n, m in model.named_modules()},
         notes=notes,
+        grad_sids=tracker.grad_sids,
     )
 
 
@@ -511,9 +520,44 @@ def _one_step(spec, model, w, tracker, emulation, optimizer, scale, low, step,
         else:
             loss.backward()
         del loss, batch
-    if not w.training:
-        return
+    if w.training:
+        _optimizer_phase(model, w, tracker, optimizer, scale, step, grad_owners)
+
+
+#: Step -> (module, block) that filed each trainable parameter's gradient, in the optimizer's
+#: order (None: no gradient): what an optimizer-only trace files its gradients under.
+GradOrigins = dict[int, list[tuple[str, int] | None]]
+
+
+def _stand_in_gradients(spec, model, w, tracker, emulation, optimizer, scale, low, step,
+                        grad_owners, distill, *, origins: GradOrigins) -> None:  # fmt: skip
+    """An optimizer-only step (memfit.estimator.compose): each trainable parameter gets a
+    gradient of its own shape and dtype, as AccumulateGrad leaves it, filed under the module
+    and block the traced backward filed it under (`origins`: the optimizer's ops on a gradient
+    are filed as it is, Tracker._input_owners); then the optimizer phase runs as in
+    `_one_step`."""
+    tracker.set_phase("backward", step)
+    for p, origin in zip(_trainable_of(optimizer), origins[step], strict=True):
+        if origin is None:
+            continue
+        p.grad = torch.empty_like(p)
+        tracker.mark(p.grad, Category.GRADIENTS, owner=grad_owners.get(id(p), -1))
+        rec = tracker.records[tracker.sid_of(p.grad)]
+        rec.module, rec.owner = origin
+    _optimizer_phase(model, w, tracker, optimizer, scale, step, grad_owners)
+
+
+def _trainable_of(optimizer: Any) -> list[torch.nn.Parameter]:
+    return [p for g in optimizer.param_groups for p in g["params"]]
+
+
+def _optimizer_phase(model, w, tracker, optimizer, scale, step, grad_owners) -> None:  # fmt: skip
     tracker.set_phase("optimizer", step)
+    if optimizer is not None and not isinstance(optimizer, OptimizerInBackward):
+        # Which storage is each parameter's gradient, for composing optimizers (compose.py).
+        tracker.grad_sids[step] = [
+            tracker.sid_of(p.grad) if p.grad is not None else None for p in _trainable_of(optimizer)
+        ]
     if w.gpus > 1 or w.fsdp_cpu_offload:
         # FSDP2 sets the reduce-scattered gradient shards itself, not through AccumulateGrad.
         for p in model.parameters():

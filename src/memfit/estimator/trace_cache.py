@@ -50,6 +50,7 @@ _FORMAT = 1  # bump when the stored form changes
 
 _enabled: bool | None = None  # None: read MEMFIT_NO_CACHE
 _memory: OrderedDict[str, Any] = OrderedDict()
+_session: dict[str, Any] | None = None  # see session()
 _code_digest: str | None = None
 
 
@@ -119,8 +120,26 @@ def key_of(kind: str, *parts: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+@contextlib.contextmanager
+def session() -> Iterator[None]:
+    """Within the block, entries are kept in memory even with the cache off (and dropped at
+    its end): one plan reuses its own traces (the replay check of its recommendation, the
+    donors of composed optimizers) whatever the cache holds between processes."""
+    global _session
+    if _session is not None:
+        yield
+        return
+    _session = {}
+    try:
+        yield
+    finally:
+        _session = None
+
+
 def lookup(kind: str, key: str | None, unpack: Callable[[Any], Any]) -> Any:
     """The entry stored under `key`, or None (a miss, the cache off, or no key)."""
+    if key is not None and not enabled() and _session is not None and key in _session:
+        return unpack(_session[key])
     if key is None or not enabled():
         return None
     if key in _memory:
@@ -142,6 +161,8 @@ def lookup(kind: str, key: str | None, unpack: Callable[[Any], Any]) -> Any:
 def store(kind: str, key: str | None, packed: Any) -> None:
     """Keep `packed` (already in its stored form) under `key`, in memory and on disk. A disk
     that cannot be written (read-only home, full) leaves the memory copy only."""
+    if key is not None and not enabled() and _session is not None:
+        _session[key] = packed
     if key is None or not enabled():
         return
     _remember(key, packed)
@@ -271,6 +292,6 @@ def cached_trace(
     if hit is not None:
         return hit
     result = run()
-    if key is not None and enabled():
+    if key is not None and (enabled() or _session is not None):
         store("trace", key, pack_trace(result))  # copies: the caller may change `result`
     return result

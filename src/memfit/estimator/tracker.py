@@ -106,6 +106,8 @@ class Tracker(TorchDispatchMode):
         self._owner_by_name: dict[str, int] = {}
         self.add_model(model, block_paths)
         self.attention_backends: list[str] = []
+        #: Step -> gradient storage of each trainable parameter (step_runner._optimizer_phase).
+        self.grad_sids: dict[int, list[int | None]] = {}
         #: Owner of the parameter the optimizer works on (set by OwnerTrackingState), used for
         #: allocations with no tensor input, such as Adam's `state["step"]`.
         self.param_owner = -1

@@ -18,6 +18,8 @@ How the search stays fast:
   from the memory at the smallest and the largest (memory grows about linearly with the
   micro-batch) and walked to the boundary; with the step in backward it is the per-GPU batch
   (no accumulation).
+- A shape that differs from a traced one only in the optimizer is composed from it
+  (memfit.planner.composed), once a composition of that shape has equalled its real trace.
 - Traces are cached (memfit.estimator.trace_cache) and a repeated plan is read back
   (memfit.planner.plan_cache); with MEMFIT_JOBS the traces a stage needs in any case are
   made side by side (memfit.estimator.parallel).
@@ -46,9 +48,10 @@ from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.estimator.estimate import estimate_from_trace, trace_spec
 from memfit.estimator.parallel import run_all, workers
 from memfit.estimator.step_runner import Trace
-from memfit.estimator.trace_cache import pack_trace, unpack_trace
+from memfit.estimator.trace_cache import pack_trace, session, unpack_trace
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.planner.advice import what_would_fit
+from memfit.planner.composed import Composer
 from memfit.planner.cost import step_cost
 from memfit.planner.plan_cache import cached_plan, plan_key
 from memfit.planner.results import Candidate, Goal, Plan
@@ -107,6 +110,7 @@ class _Search:
         # Shared by plans of one model and goal on GPUs of one compute capability.
         self.traces = traces if traces is not None else {}
         self.candidates: list[Candidate] = []
+        self.composer = Composer(spec, gpu.compute_capability)
         self.untraceable: dict[Shape, str] = {}
 
     def workload(self, shape: Shape, mb: int, offload: bool, emb: bool) -> Workload:
@@ -159,8 +163,8 @@ class _Search:
         try:
             base = self.workload(shape, mb, False, False)
             if key not in self.traces:
-                self.traces[key] = trace_spec(
-                    self.spec, base, self.gpu.compute_capability, verify=False
+                self.traces[key] = self.composer.trace(
+                    shape, mb, base, self.traces, lambda s, m: self.workload(s, m, False, False)
                 )
         except refused as e:
             # This combination cannot run (e.g. Adafactor's factored state on FSDP2
@@ -363,10 +367,24 @@ def plan(
                    host_memory=host_memory, teacher=goal.teacher)  # fmt: skip
     return cached_plan(
         key,
-        lambda: _search_plan(
-            spec, gpu_obj, goal, n_gpus, allowed, set(forbid), trace_cache, host_memory, t0
+        lambda: _in_session(
+            _search_plan,
+            spec,
+            gpu_obj,
+            goal,
+            n_gpus,
+            allowed,
+            set(forbid),
+            trace_cache,
+            host_memory,
+            t0,
         ),
     )
+
+
+def _in_session(search: Any, *args: Any) -> Plan:
+    with session():  # the plan's own traces stay in memory even with the cache off
+        return search(*args)
 
 
 def _search_plan(spec: ModelSpec, gpu_obj: Any, goal: Goal, n_gpus: int, allowed: set[str],

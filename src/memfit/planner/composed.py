@@ -1,0 +1,62 @@
+"""The planner's traces of shapes that differ only in the optimizer: composed, once checked.
+
+A plan tries several optimizers on each (precision, checkpointing, LoRA, ...) configuration,
+at several micro-batches; their forward and backward are the same. For a shape whose
+micro-batch has been traced with another optimizer, the trace is composed
+(memfit.estimator.compose: the other trace's forward and backward, this optimizer's phase
+from an optimizer-only trace), but only once a composition of the same shape has equalled
+its real trace: the first micro-batch of each shape is traced for real and checked, the next
+ones are composed if it matched and traced for real if not. The recommendation is traced
+again for real, with the replay checked, as `memfit estimate` does (search._confirm).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from memfit.estimator.compose import composable, composed_trace_spec, composition_matches
+from memfit.estimator.estimate import trace_spec
+from memfit.models.sources import ModelSpec
+from memfit.planner.shapes import Shape
+from memfit.workload import Workload
+
+
+class Composer:
+    """Traces for the search, composed where a check allows (see the module docstring)."""
+
+    def __init__(self, spec: ModelSpec, capability: tuple[int, int] | None) -> None:
+        self.spec, self.capability = spec, capability
+        #: Shape -> whether its composition equalled its real trace.
+        self.checked: dict[Shape, bool] = {}
+        self.composed = 0  # traces composed instead of traced
+
+    def trace(
+        self,
+        shape: Shape,
+        mb: int,
+        w: Workload,
+        traced: dict[tuple[Shape, int], Any],
+        workload_of: Callable[[Shape, int], Workload],
+    ) -> Any:
+        """`trace_spec(spec, w, capability, verify=False)` of `shape` at micro-batch `mb`
+        (`w`), composed from a `traced` shape of another optimizer when allowed."""
+        same_but_optimizer = [
+            s for s, m in traced
+            if m == mb and s != shape and dataclasses.replace(s, optimizer=shape.optimizer) == shape
+        ]  # fmt: skip
+        donor = same_but_optimizer[0] if same_but_optimizer else None
+        if donor is None or composable(self.spec, w) is None:
+            return trace_spec(self.spec, w, self.capability, verify=False)
+        donor_w = workload_of(donor, mb)
+        if shape not in self.checked:
+            real = trace_spec(self.spec, w, self.capability, verify=False)
+            self.checked[shape] = composition_matches(self.spec, w, donor_w, self.capability)
+            return real
+        if self.checked[shape]:
+            composed = composed_trace_spec(self.spec, w, donor_w, self.capability)
+            if composed is not None:
+                self.composed += 1
+                return composed
+        return trace_spec(self.spec, w, self.capability, verify=False)
