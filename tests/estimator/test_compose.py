@@ -77,9 +77,15 @@ def test_composed_equals_the_real_trace(configs, model, precision, pair, checkpo
     donor, target = (w.with_(optimizer=o) for o in pair)
     with session():
         assert composition_matches(spec, target, donor, CAP)
-        # And replayed to all 6 blocks, as the planner uses it: equal to the real trace.
-        composed, n, replayed = compose.composed_trace_spec(spec, target, donor, CAP)
+        # And replayed to all 6 blocks, as the planner uses it: equal to the real trace; or
+        # None where the real trace cannot be replayed either (it is then traced whole).
+        got = compose.composed_trace_spec(spec, target, donor, CAP)
         real, n2, replayed2 = trace_spec(spec, target, CAP, verify=False)
+    if not replayed2:
+        assert got is None
+        return
+    assert got is not None
+    composed, n, replayed = got
     assert (n, replayed) == (n2, replayed2) == (6, True)
     a = MemoryProfile.from_events(composed.records, composed.events)
     b = MemoryProfile.from_events(real.records, real.events)

@@ -87,7 +87,24 @@ def compose_optimizer(base: Trace, optimizer_only: Trace) -> Trace:
         records[rename[s]] = dataclasses.replace(optimizer_only.records[s], sid=rename[s])
     flops = {k: f for k, f in base.flops.items() if k[1] != OPTIMIZER}
     flops.update({k: f for k, f in optimizer_only.flops.items() if k[1] == OPTIMIZER})
-    return dataclasses.replace(base, records=records, events=events, flops=flops)
+    return _renumbered(dataclasses.replace(base, records=records, events=events, flops=flops))
+
+
+def _renumbered(tr: Trace) -> Trace:
+    """`tr` with its storages numbered in the order they are allocated, as the tracker numbers
+    a real trace's (the replay pairs and orders storages by their ids)."""
+    order = {ev.sid: None for ev in tr.events if ev.kind == ALLOC}
+    order.update(dict.fromkeys(tr.records))  # a record without an event keeps a number too
+    new = {sid: i for i, sid in enumerate(order)}
+    return dataclasses.replace(
+        tr,
+        records={new[s]: dataclasses.replace(r, sid=new[s]) for s, r in tr.records.items()},
+        events=[ev._replace(sid=new[ev.sid]) for ev in tr.events],
+        grad_sids={
+            step: [None if s is None else new[s] for s in sids]
+            for step, sids in tr.grad_sids.items()
+        },
+    )
 
 
 def grad_origins(tr: Trace) -> dict[int, list[tuple[str, int] | None]]:
