@@ -8,6 +8,7 @@ this module is the one pytest loads as the suite's conftest.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -54,6 +55,23 @@ TINY_BART = {
     "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 64,
     "decoder_ffn_dim": 64, "max_position_embeddings": 64,
 }  # fmt: skip
+
+
+#: A tiny llama config.json (2 layers, 4 heads over 2 KV heads, 64 positions), no special
+#: tokens: a catalog-like model (memfit shortens and caches it) for generation and planner tests.
+TINY_LLAMA_CONFIG = {
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128,
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+    "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+}  # fmt: skip
+
+
+def tiny_llama_config(folder: Path, **over: object) -> str:
+    """TINY_LLAMA_CONFIG with `over` written to a new config file in `folder`; its path."""
+    path = folder / f"config-{len(list(folder.iterdir()))}.json"
+    path.write_text(json.dumps({**TINY_LLAMA_CONFIG, **over}))
+    return str(path)
 
 
 def module_spec(model: torch.nn.Module, make_batch: Callable[[int], Any]) -> ModelSpec:

@@ -12,21 +12,14 @@ from typer.testing import CliRunner
 from memfit.cli import serve
 from memfit.cli.app import app
 from memfit.planner.serving import DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION
+from tests.conftest import tiny_llama_config
 
 runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> str:
-    cfg = dict(
-        model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128, hidden_size=64,
-        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, bos_token_id=None,
-        eos_token_id=None, pad_token_id=None,
-    )  # fmt: skip
-    path: Path = tmp_path_factory.mktemp("serve") / "config.json"
-    path.write_text(json.dumps(cfg))
-    return str(path)
+    return tiny_llama_config(tmp_path_factory.mktemp("serve"))
 
 
 def test_cli_defaults_are_the_library_constants() -> None:

@@ -3,7 +3,6 @@ model's parameters), resolved once before tracing; inference and generation only
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -16,21 +15,13 @@ from memfit.estimator.generation import trace_generation
 from memfit.models.sources import resolve_model
 from memfit.planner.limits import max_batch
 from memfit.planner.serving import serving_capacity
+from tests.conftest import tiny_llama_config
 
 GEN = memfit.Workload(mode="generate", precision="auto", prompt_len=8, new_tokens=2)
 
 
 def _config(tmp: Path, **over: object) -> str:
-    cfg = dict(
-        model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128, hidden_size=64,
-        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, bos_token_id=None,
-        eos_token_id=None, pad_token_id=None,
-    )  # fmt: skip
-    cfg.update(over)
-    path = tmp / f"config-{len(list(tmp.iterdir()))}.json"
-    path.write_text(json.dumps(cfg))
-    return str(path)
+    return tiny_llama_config(tmp, **over)
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,6 @@ llama (2 layers, 2 KV heads of 16, bf16), and its refusals."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -14,21 +13,13 @@ from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
 from memfit.planner.render import render_serving, serving_to_json
 from memfit.planner.serving import scheduler_defaults, serving_capacity
+from tests.conftest import tiny_llama_config
 
 GPU = "rtx-2060"
 
 
 def _config(tmp: Path, **over: object) -> str:
-    cfg = dict(
-        model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128, hidden_size=64,
-        intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, bos_token_id=None,
-        eos_token_id=None, pad_token_id=None,
-    )  # fmt: skip
-    cfg.update(over)
-    path = tmp / f"config-{len(list(tmp.iterdir()))}.json"
-    path.write_text(json.dumps(cfg))
-    return str(path)
+    return tiny_llama_config(tmp, **over)
 
 
 @pytest.fixture(scope="module")
