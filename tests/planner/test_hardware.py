@@ -101,3 +101,15 @@ def test_cli_for_prints_the_table(tiny, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     lines = [ln for ln in result.output.splitlines() if "│" in ln]
     assert [ln.split("│")[1].strip() for ln in lines] == ["l4", "t4"]
+
+
+def test_cli_for_plans_the_distillation_with_the_teacher(tiny, monkeypatch):
+    import memfit.planner.hardware as hw
+
+    goals = []
+    monkeypatch.setattr(hw, "choose_gpu", lambda model, goal, **kw: goals.append(goal) or [])
+    result = CliRunner().invoke(app, ["gpus", "--for", tiny, "--teacher", tiny, "--json"])
+    assert result.exit_code == 1  # nothing planned: fits nowhere
+    assert [g.teacher for g in goals] == [tiny]
+    alone = CliRunner().invoke(app, ["gpus", "--teacher", tiny])
+    assert alone.exit_code == 2 and "--teacher only apply with --for MODEL" in alone.output

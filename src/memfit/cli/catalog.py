@@ -58,24 +58,30 @@ def gpus_command(
     ] = None,
     allow: Annotated[list[str] | None, typer.Option(help="With --for: allow a technique.")] = None,
     forbid: Annotated[list[str] | None, typer.Option(help="With --for: never a technique.")] = None,
+    teacher: Annotated[
+        str | None, typer.Option(help="With --for: distill from this teacher (as plan --teacher).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     no_cache: NoCache = False,
 ) -> None:
     """List the GPU catalog; with --for MODEL, which GPUs fit the job and how fast."""
     skip_cache(no_cache)
     given = {"--global-batch": global_batch, "--seq": seq, "--gpus": gpus, "--prices": prices,
-             "--allow": allow, "--forbid": forbid, "--no-cache": no_cache or None}  # fmt: skip
+             "--allow": allow, "--forbid": forbid, "--teacher": teacher,
+             "--no-cache": no_cache or None}  # fmt: skip
     if for_model is None:
         stray = [k for k, v in given.items() if v is not None]
         if stray:
             raise fail(f"{', '.join(stray)} only apply with --for MODEL (the job to plan).")
         _catalog(as_json)
         return
-    _for_model(for_model, global_batch or 8, seq, gpus or [1], prices, allow, forbid, as_json)
+    _for_model(for_model, global_batch or 8, seq, gpus or [1], prices, allow, forbid, teacher,
+               as_json)  # fmt: skip
 
 
 def _for_model(model: str, global_batch: int, seq: int | None, counts: list[int],
-               prices: str | None, allow: Any, forbid: Any, as_json: bool) -> None:  # fmt: skip
+               prices: str | None, allow: Any, forbid: Any, teacher: str | None,
+               as_json: bool) -> None:  # fmt: skip
     from memfit.cli.plan import _split
 
     try:
@@ -83,7 +89,7 @@ def _for_model(model: str, global_batch: int, seq: int | None, counts: list[int]
         from memfit.planner.hardware import choose_gpu
         from memfit.planner.search import Goal
 
-        goal = Goal(global_batch=global_batch, seq_len=seq)
+        goal = Goal(global_batch=global_batch, seq_len=seq, teacher=teacher)
         choices = choose_gpu(model, goal, n_gpus=counts, prices=prices, allow=_split(allow),
                              forbid=_split(forbid))  # fmt: skip
     except (MemfitError, ImportError) as e:
