@@ -13,7 +13,6 @@ trainer, so `self.log` does nothing there), its loss the step's returned loss.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,7 +32,7 @@ from memfit.integrations._reading import (
     spec_of_run,
     strip_hf_checkpointing,
 )
-from memfit.integrations._session import RunReading, Session, SessionResults
+from memfit.integrations._session import RunReading, SessionResults
 from memfit.workload import Workload
 
 #: Lightning precision -> the autocast dtype it runs ("-true" precisions cast the module; the
@@ -159,20 +158,7 @@ class LightningHooks(SessionResults):
         print_fn: where reports go (print).
     """
 
-    def __init__(
-        self,
-        gpu: str | None = None,
-        *,
-        measure_steps: int = 2,
-        stop: bool = True,
-        strict: bool = False,
-        print_fn: Callable[[str], None] = print,
-    ) -> None:
-        super().__init__()
-        self.session = Session(gpu=gpu, measure_steps=measure_steps, stop=stop, print_fn=print_fn)
-        self.strict = strict
-        self._read = False
-        self._measure_until = 0
+    _read = False  # the first batch has been read (set on the instance then)
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:  # fmt: skip

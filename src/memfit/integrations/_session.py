@@ -242,10 +242,25 @@ def _gpu_of(device: torch.device | str | None, print_fn: Callable[[str], None]) 
 
 
 class SessionResults:
-    """What a callback found, read from its `session`: the estimate, the plan when the run did
-    not fit, and the estimate-against-measured comparison of the first steps."""
+    """A callback's session and what it found: the estimate, the plan when the run did not
+    fit, and the estimate-against-measured comparison of the first steps. The arguments are
+    the callbacks' (memfit.integrations.transformers.MemfitCallback documents them)."""
 
     session: Session
+
+    def __init__(
+        self,
+        gpu: str | None = None,
+        *,
+        measure_steps: int = 2,
+        stop: bool = True,
+        strict: bool = False,
+        print_fn: Callable[[str], None] = print,
+    ) -> None:
+        super().__init__()
+        self.session = Session(gpu=gpu, measure_steps=measure_steps, stop=stop, print_fn=print_fn)
+        self.strict = strict
+        self._measure_until = 0
 
     @property
     def estimate(self) -> Any:

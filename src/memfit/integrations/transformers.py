@@ -22,7 +22,7 @@ call `callback.explain_oom(error)` in an `except torch.OutOfMemoryError` around 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -37,7 +37,7 @@ from memfit.integrations._hf_args import (
     read_run,
     training_arguments_for,
 )
-from memfit.integrations._session import Comparison, Session, SessionResults, WontFitError
+from memfit.integrations._session import Comparison, SessionResults, WontFitError
 
 __all__ = [
     "OPTIM_LAYOUTS",
@@ -66,19 +66,6 @@ class MemfitCallback(SessionResults, transformers.TrainerCallback):
 
     After training: `estimate`, `plan` (when it did not fit), `comparison`.
     """
-
-    def __init__(
-        self,
-        gpu: str | None = None,
-        *,
-        measure_steps: int = 2,
-        stop: bool = True,
-        strict: bool = False,
-        print_fn: Callable[[str], None] = print,
-    ) -> None:
-        self.session = Session(gpu=gpu, measure_steps=measure_steps, stop=stop, print_fn=print_fn)
-        self.strict = strict
-        self._measure_until = 0
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None,
                        train_dataloader=None, **kwargs):  # fmt: skip
