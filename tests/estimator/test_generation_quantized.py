@@ -23,6 +23,7 @@ from memfit.estimator import kv_cache_quantized as kq
 from memfit.estimator.generation import CALL_END_OP, trace_generation, trace_generation_once
 from memfit.models.sources import resolve_model
 from memfit.profile import MemoryProfile
+from tests.estimator.test_generation_real import tiny_llama as real_llama
 
 HAS_QUANTO = importlib.util.find_spec("optimum.quanto") is not None
 needs_quanto = pytest.mark.skipif(not HAS_QUANTO, reason="optimum-quanto is not installed")
@@ -33,15 +34,7 @@ B, P = 2, 8
 def tiny_llama() -> torch.nn.Module:
     """test_generation_real's GQA llama (2 layers, 2 KV heads of 16, fp32) with 256 positions,
     for generations long enough to flush the residual."""
-    import transformers
-
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
-    )  # fmt: skip
-    return transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="eager").eval()
+    return real_llama(max_positions=256)
 
 
 def _workload(n: int, beams: int = 1, **kw) -> memfit.Workload:

@@ -26,14 +26,14 @@ from tests.conftest import tiny_gpt2
 B, P, N = 2, 8, 6
 
 
-def tiny_llama() -> torch.nn.Module:
+def tiny_llama(max_positions: int = 64) -> torch.nn.Module:
     """2 layers, 4 query heads sharing 2 KV heads (grouped-query attention), head_dim 16."""
     import transformers
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
         vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
         bos_token_id=None, eos_token_id=None, pad_token_id=None,
     )  # fmt: skip
     return transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="eager").eval()
