@@ -172,13 +172,21 @@ def composed_trace(
     if len(base.block_paths) != TRACED_BLOCKS:
         return None
     origins = grad_origins(base)
-    key = trace_key(spec, w, capability, "optimizer-only", TRACED_BLOCKS, origins)
-    only = cached_trace(key, lambda: (run_trace(spec, w, capability, num_layers=TRACED_BLOCKS,
+    # No forward, no batch: the optimizer-only trace of every micro-batch size is the same.
+    alone = optimizer_only_workload(w)
+    key = trace_key(spec, alone, capability, "optimizer-only", TRACED_BLOCKS, origins)
+    only = cached_trace(key, lambda: (run_trace(spec, alone, capability, num_layers=TRACED_BLOCKS,
                                                 grad_origins=origins), 0, False))[0]  # fmt: skip
     try:
         return compose_optimizer(base, only), base
     except ComposeMismatch:
         return None
+
+
+def optimizer_only_workload(w: Workload) -> Workload:
+    """`w` as its optimizer-only trace sees it: the micro-batch and the accumulation do not
+    reach it (gradients are made, not computed), so one trace serves every micro-batch."""
+    return w.with_(batch_size=1, grad_accum=1)
 
 
 def composed_trace_spec(

@@ -5,8 +5,9 @@ at several micro-batches; their forward and backward are the same. For a shape w
 micro-batch has been traced with another optimizer, the trace is composed
 (memfit.estimator.compose: the other trace's forward and backward, this optimizer's phase
 from an optimizer-only trace), but only once a composition of the same shape has equalled
-its real trace: the first micro-batch of each shape is traced for real and checked, the next
-ones are composed if it matched and traced for real if not. The recommendation is traced
+its real trace: the first micro-batch of each shape is traced for real; at the next one, the
+composition at the first is checked against that real trace (a shape evaluated once costs no
+check), and the next ones are composed if it matched and traced for real if not. The recommendation is traced
 again for real, with the replay checked, as `memfit estimate` does (search._confirm).
 """
 
@@ -31,6 +32,7 @@ class Composer:
         #: Shape -> whether its composition equalled its real trace.
         self.checked: dict[Shape, bool] = {}
         self.composed = 0  # traces composed instead of traced
+        self.real: list[tuple[Shape, int]] = []  # (shape, micro-batch) traced for real
 
     def trace(
         self,
@@ -42,21 +44,36 @@ class Composer:
     ) -> Any:
         """`trace_spec(spec, w, capability, verify=False)` of `shape` at micro-batch `mb`
         (`w`), composed from a `traced` shape of another optimizer when allowed."""
-        same_but_optimizer = [
-            s for s, m in traced
-            if m == mb and s != shape and dataclasses.replace(s, optimizer=shape.optimizer) == shape
-        ]  # fmt: skip
-        donor = same_but_optimizer[0] if same_but_optimizer else None
-        if donor is None or composable(self.spec, w) is None:
-            return trace_spec(self.spec, w, self.capability, verify=False)
-        donor_w = workload_of(donor, mb)
+        donors = _donors(shape, mb, traced)
+        if not donors or composable(self.spec, w) is None:
+            return self._real(shape, mb, w)
         if shape not in self.checked:
-            real = trace_spec(self.spec, w, self.capability, verify=False)
-            self.checked[shape] = composition_matches(self.spec, w, donor_w, self.capability)
-            return real
+            # Checked at a micro-batch already traced for real, with a donor there too: a
+            # shape evaluated at one micro-batch only costs no check.
+            earlier = [m for s, m in self.real if s == shape and _donors(shape, m, traced)]
+            if not earlier:
+                return self._real(shape, mb, w)
+            m0 = earlier[0]
+            self.checked[shape] = composition_matches(
+                self.spec, workload_of(shape, m0), workload_of(_donors(shape, m0, traced)[0], m0),
+                self.capability,
+            )
         if self.checked[shape]:
-            composed = composed_trace_spec(self.spec, w, donor_w, self.capability)
+            composed = composed_trace_spec(self.spec, w, workload_of(donors[0], mb),
+                                           self.capability)  # fmt: skip
             if composed is not None:
                 self.composed += 1
                 return composed
+        return self._real(shape, mb, w)
+
+    def _real(self, shape: Shape, mb: int, w: Workload) -> Any:
+        self.real.append((shape, mb))
         return trace_spec(self.spec, w, self.capability, verify=False)
+
+
+def _donors(shape: Shape, mb: int, traced: dict[tuple[Shape, int], Any]) -> list[Shape]:
+    """The traced shapes at micro-batch `mb` that differ from `shape` in the optimizer only."""
+    return [
+        s for s, m in traced
+        if m == mb and s != shape and dataclasses.replace(s, optimizer=shape.optimizer) == shape
+    ]  # fmt: skip
