@@ -1,4 +1,10 @@
-"""The planner's traces of shapes that differ only in the optimizer: composed, once checked.
+"""The planner's traces: predicted across micro-batches, or composed across optimizers, once
+checked.
+
+A shape traced at two micro-batches of 2 or more is predicted at the others (memfit.estimator.
+predict.MicroBatchLine: the first prediction is traced for real and compared; a line that
+differed is traced from then on). A shape that accumulates and one that does not (the per-GPU
+batch in one micro-batch) are separate lines.
 
 A plan tries several optimizers on each (precision, checkpointing, LoRA, ...) configuration,
 at several micro-batches; their forward and backward are the same. For a shape whose
@@ -7,8 +13,10 @@ micro-batch has been traced with another optimizer, the trace is composed
 from an optimizer-only trace), but only once a composition of the same shape has equalled
 its real trace: the first micro-batch of each shape is traced for real; at the next one, the
 composition at the first is checked against that real trace (a shape evaluated once costs no
-check), and the next ones are composed if it matched and traced for real if not. The recommendation is traced
-again for real, with the replay checked, as `memfit estimate` does (search._confirm).
+check), and the next ones are composed if it matched and traced for real if not.
+
+The recommendation is traced again for real, with the replay checked, as `memfit estimate`
+does (search._confirm).
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from typing import Any
 
 from memfit.estimator.compose import composable, composed_trace_spec, composition_matches
 from memfit.estimator.estimate import trace_spec
+from memfit.estimator.predict import MicroBatchLine
 from memfit.models.sources import ModelSpec
 from memfit.planner.shapes import Shape
 from memfit.workload import Workload
@@ -33,6 +42,9 @@ class Composer:
         self.checked: dict[Shape, bool] = {}
         self.composed = 0  # traces composed instead of traced
         self.real: list[tuple[Shape, int]] = []  # (shape, micro-batch) traced for real
+        #: (shape, accumulating) -> the shape's micro-batches (memfit.estimator.predict).
+        self.lines: dict[tuple[Shape, bool], MicroBatchLine] = {}
+        self.predicted: set[tuple[Shape, int]] = set()  # predicted instead of traced
 
     def trace(
         self,
@@ -43,7 +55,37 @@ class Composer:
         workload_of: Callable[[Shape, int], Workload],
     ) -> Any:
         """`trace_spec(spec, w, capability, verify=False)` of `shape` at micro-batch `mb`
-        (`w`), composed from a `traced` shape of another optimizer when allowed."""
+        (`w`): predicted from two micro-batches of the shape, or composed from a `traced`
+        shape of another optimizer, where a check allows."""
+        accumulating = w.grad_accum > 1  # two traced micro-batches, else one: another line
+        line = self.lines.get((shape, accumulating))
+        if line is None:
+            line = self.lines[(shape, accumulating)] = MicroBatchLine(
+                lambda m: self._exact(shape, m, workload_of(shape, m), traced, workload_of)
+            )
+        # What the search holds already (prefetched, or traced by an earlier plan).
+        for (s, m), known in traced.items():
+            if (
+                s == shape
+                and m not in line.real
+                and (s, m) not in self.predicted
+                and (workload_of(s, m).grad_accum > 1) == accumulating
+            ):
+                line.real[m] = known
+        out = line.at(mb)
+        if mb in line.predicted:
+            self.predicted.add((shape, mb))
+        return out
+
+    def _exact(
+        self,
+        shape: Shape,
+        mb: int,
+        w: Workload,
+        traced: dict[tuple[Shape, int], Any],
+        workload_of: Callable[[Shape, int], Workload],
+    ) -> Any:
+        """The trace of `shape` at `mb`, real or composed (exact once checked)."""
         donors = _donors(shape, mb, traced)
         if not donors or composable(self.spec, w) is None:
             return self._real(shape, mb, w)
@@ -55,7 +97,9 @@ class Composer:
                 return self._real(shape, mb, w)
             m0 = earlier[0]
             self.checked[shape] = composition_matches(
-                self.spec, workload_of(shape, m0), workload_of(_donors(shape, m0, traced)[0], m0),
+                self.spec,
+                workload_of(shape, m0),
+                workload_of(_donors(shape, m0, traced)[0], m0),
                 self.capability,
             )
         if self.checked[shape]:

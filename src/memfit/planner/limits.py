@@ -18,6 +18,7 @@ from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
 from memfit.estimator.auto_precision import resolve_precision
 from memfit.estimator.estimate import estimate_from_trace, trace_spec
+from memfit.estimator.predict import MicroBatchLine
 from memfit.guard.batch_search import largest_passing
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.units import format_bytes
@@ -69,7 +70,10 @@ def _limit(
     model_limit: bool = False,
     alloc_conf: str | None = None,
 ) -> Limit:
-    """Exponential growth, then binary search, over the estimator (not an extrapolation)."""
+    """Exponential growth, then binary search, over the estimator. Micro-batches are predicted
+    from two traced ones once a prediction has equalled a real trace (MicroBatchLine); the
+    answer and the next micro-batch are traced for real, and the search runs again on real
+    traces if either differs from its prediction."""
 
     if not isinstance(w, Workload):
         raise BadInputError(
@@ -82,10 +86,18 @@ def _limit(
     cfg = AllocatorConfig.from_string(alloc_conf) if alloc_conf else None
     seen: dict[int, tuple[int, int, bool]] = {}  # value -> (allocated, device total, fits)
 
+    def traced(value: int) -> Any:
+        wv = w.with_(gpu=gpu_obj.name, **{what: value})
+        return trace_spec(spec, wv, gpu_obj.compute_capability, verify=False)
+
+    # Memory is a line in the micro-batch (memfit.estimator.predict): traced for real until
+    # a prediction equals a real trace, then predicted; the answer is confirmed below.
+    line = MicroBatchLine(traced) if what == "batch_size" and w.mode != "generate" else None
+
     def fits(value: int) -> bool:
         if value not in seen:
             wv = w.with_(gpu=gpu_obj.name, **{what: value})
-            tr, n, rep = trace_spec(spec, wv, gpu_obj.compute_capability, verify=False)
+            tr, n, rep = line.at(value) if line is not None else traced(value)
             est = estimate_from_trace(
                 spec, wv, tr, n_blocks=n, replayed=rep, gpu=gpu_obj, alloc_conf=cfg
             )
@@ -94,6 +106,12 @@ def _limit(
         return seen[value][2]
 
     good = largest_passing(fits, start=1, upper=upper)
+    if line is not None and not all(line.confirm(v) for v in (good, good + 1)
+                                    if v in line.predicted):  # fmt: skip
+        # A prediction differed from the real trace: search again, on real traces only.
+        for v in set(seen) - set(line.real):
+            del seen[v]
+        good = largest_passing(fits, start=1, upper=upper)
     _refuse_flat(spec.name, what, seen)
     return Limit(
         model=spec.name, gpu=gpu_obj, what=what, largest=good or None,
