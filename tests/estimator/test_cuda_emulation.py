@@ -381,3 +381,34 @@ def test_foreach_adam_step_increment_is_host_memory() -> None:
         if ev[0] == ALLOC and ev[2] == "optimizer" and ev[3] == 1 and not tr.records[ev[1]].host
     ]
     assert ops == ["_foreach_sqrt.default", "_foreach_sqrt.default"]
+
+
+# Every fact choose_backend reads, at and around each of its thresholds.
+_DIMS = ((64, 64), (62, 62), (66, 66), (128, 64), (192, 192), (200, 200), (224, 224), (232, 232),
+         (256, 256), (264, 264))  # fmt: skip
+_CALLS = [
+    AttentionCall(dtype, d, v, mask, p, requires_grad=grad)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16)
+    for d, v in _DIMS
+    for mask in (False, True)
+    for p in (0.0, 0.1)
+    for grad in (False, True)
+]
+
+
+def test_gpus_of_one_attention_class_pick_the_same_kernels() -> None:
+    """The trace cache keys on attention_class: each catalog capability (and the thresholds'
+    neighbours) must pick, for every call, what its class picks."""
+    from memfit.cuda.target import list_gpus
+    from memfit.estimator.attention import attention_class
+
+    caps = {g.compute_capability for g in list_gpus()}
+    caps |= {(3, 7), (5, 0), (6, 1), (7, 0), (7, 5), (8, 0), (8, 6), (8, 7), (8, 9), (9, 0),
+             (10, 0), (12, 0), None}  # fmt: skip
+    for cap in caps:
+        same = attention_class(cap)
+        for call in _CALLS:
+            assert choose_backend(call, same) == choose_backend(call, cap), (cap, call)
+    # Three classes among the catalog's GPUs: before 8.0, sm86/sm89, the rest of 8.0 and later.
+    classes = {attention_class(g.compute_capability) for g in list_gpus()}
+    assert classes == {(5, 0), (8, 6), (8, 0)}

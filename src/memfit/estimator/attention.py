@@ -41,6 +41,8 @@ FLASH_MIN_CAPABILITY = (8, 0)
 EFFICIENT_MIN_CAPABILITY = (5, 0)
 #: sdp_utils.cpp check_head_dim_size_flash: flash supports head dims up to 256.
 FLASH_MAX_HEAD_DIM = 256
+#: sdp_utils.cpp check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89.
+SM86_89 = ((8, 6), (8, 9))
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ def choose_backend(call: AttentionCall, capability: tuple[int, int] | None) -> s
     same_dims = call.head_dim == call.value_head_dim
     d = call.head_dim
     sm86_89_limit = (
-        cap in ((8, 6), (8, 9))
+        cap in SM86_89
         and call.requires_grad
         and (192 < d <= 224 or (d > 224 and call.dropout_p > 0.0))
     )
@@ -89,6 +91,21 @@ def choose_backend(call: AttentionCall, capability: tuple[int, int] | None) -> s
     ):
         return EFFICIENT
     return MATH
+
+
+def attention_class(capability: tuple[int, int] | None) -> tuple[int, int]:
+    """A compute capability for which `choose_backend` picks what it picks for `capability`,
+    whatever the call: it reads only the thresholds above (5.0, 8.0, and sm86/sm89).
+
+    The kernel choice is the only thing in a trace that depends on the GPU, so GPUs of one
+    class share their traces (the trace cache keys on the class: memfit.estimator.estimate.
+    trace_key). A new use of the capability while tracing must refine this class."""
+    cap = capability if capability is not None else FLASH_MIN_CAPABILITY
+    if cap < EFFICIENT_MIN_CAPABILITY:
+        return (0, 0)
+    if cap < FLASH_MIN_CAPABILITY:
+        return EFFICIENT_MIN_CAPABILITY
+    return SM86_89[0] if cap in SM86_89 else FLASH_MIN_CAPABILITY
 
 
 def run_sdpa(

@@ -17,6 +17,7 @@ from typing import Any
 from memfit.cuda.allocator_config import AllocatorConfig
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
+from memfit.estimator.attention import attention_class
 from memfit.estimator.auto_precision import resolve_precision
 from memfit.estimator.device_memory import FIT_MARGIN_FRACTION, attach_device_memory
 from memfit.estimator.generation import generation_figures, trace_generation, without_markers
@@ -181,7 +182,8 @@ def trace_key(
             return None
     # The GPU's name and the host's RAM are read after the trace, not by it.
     traced = w.with_(gpu=None, host_memory=None)
-    return key_of("trace", spec.cache_key, teacher, traced, capability, *detail)
+    # GPUs whose kernel choices agree trace alike (attention.attention_class).
+    return key_of("trace", spec.cache_key, teacher, traced, attention_class(capability), *detail)
 
 
 def _trace_spec(

@@ -2,7 +2,8 @@
 
 A trace is a pure function of what built and ran it: the model (its config and head), the
 workload (every field but the GPU's name and the host's RAM, which only the accounting after
-the trace reads), the GPU's compute capability (it picks the attention kernel), and the code:
+the trace reads), the GPU's class of compute capability (it picks the attention kernel:
+memfit.estimator.attention.attention_class), and the code:
 memfit's own source, Python, torch, transformers, peft, bitsandbytes, torchao and accelerate.
 The key is a SHA-256 of all of them, so an edit to memfit or an upgrade of transformers misses the
 cache instead of reading a stale trace. A model memfit cannot name that way (an `nn.Module`

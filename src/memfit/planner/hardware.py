@@ -2,10 +2,11 @@
 its predicted throughput, and its cost from the user's own price list (`memfit gpus --for`).
 
 Every catalog GPU is planned with `memfit.plan` for the same model and goal, at each GPU count
-asked for. Traces are shared between GPUs of one compute capability (a trace depends on the GPU
-only through it: the attention kernel, the autocast policy), so the catalog's 40 cards cost
-about as many traces as its 9 capabilities. AMD cards (PyTorch's ROCm build) are skipped with a
-note: memfit models CUDA's context and library workspaces, not ROCm's
+asked for. Traces are shared between GPUs whose compute capabilities pick the same attention
+kernels (a trace depends on the GPU only through that choice: memfit.estimator.attention.
+attention_class), so the catalog's 40 cards and 9 capabilities cost the traces of 3 classes
+(before 8.0, sm86/sm89, the other 8.0 and later). AMD cards (PyTorch's ROCm build) are
+skipped with a note: memfit models CUDA's context and library workspaces, not ROCm's
 (memfit.cuda.overhead refuses them).
 
 Prices are never built in: `prices` is a CSV of `gpu,usd_per_hour` (a GPU name as `memfit

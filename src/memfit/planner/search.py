@@ -44,6 +44,7 @@ from typing import Any
 
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError, TraceError
+from memfit.estimator.attention import attention_class
 from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.estimator.estimate import estimate_from_trace, trace_spec
 from memfit.estimator.parallel import run_all, workers
@@ -334,8 +335,9 @@ def plan(
     on the CPU; None: this machine's.
 
     `trace_cache` (a dict the caller keeps) shares traces between plans of the same model,
-    goal and `n_gpus` on several GPUs: a trace depends on the GPU only through its compute
-    capability (memfit.planner.hardware plans every GPU of the catalog).
+    goal and `n_gpus` on several GPUs: a trace depends on the GPU only through the attention
+    kernels its compute capability picks (memfit.estimator.attention.attention_class;
+    memfit.planner.hardware plans every GPU of the catalog).
 
     Example:
         >>> p = memfit.plan("llama-2-7b", gpu="rtx-4090", goal=Goal(global_batch=32, seq_len=2048))
@@ -390,7 +392,7 @@ def _in_session(search: Any, *args: Any) -> Plan:
 def _search_plan(spec: ModelSpec, gpu_obj: Any, goal: Goal, n_gpus: int, allowed: set[str],
                  forbid: set[str], trace_cache: dict[Any, Any] | None, host_memory: str | None,
                  t0: float) -> Plan:  # fmt: skip
-    shared = gpu_obj.compute_capability
+    shared = attention_class(gpu_obj.compute_capability)  # GPUs that trace alike
     search = _Search(spec, goal, gpu_obj, n_gpus, _cached(trace_cache, shared), host_memory)
     widened = _staged_search(search, spec, goal, gpu_obj, allowed, forbid, n_gpus)
     fitting = [c for c in search.candidates if c.fits]
@@ -547,7 +549,7 @@ def _cached(cache: dict[Any, Any] | None, key: Any) -> Any:
 def _confirm(spec: ModelSpec, cand: Candidate, gpu: Any,
              kept: dict[Any, _Traced] | None) -> Candidate:  # fmt: skip
     """Estimate the recommendation as `memfit.estimate` does (the replay verified); its trace
-    is `kept` for plans on other GPUs of the same compute capability."""
+    is `kept` for plans on other GPUs of the same attention class."""
     key, kept = cand.workload.with_(gpu=None), {} if kept is None else kept
     if key not in kept:
         kept[key] = trace_spec(spec, cand.workload, gpu.compute_capability)
