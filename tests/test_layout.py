@@ -124,4 +124,4 @@ def test_files_stay_small() -> None:
 
 def test_top_level_holds_only_the_shared_vocabulary() -> None:
     top = {p.name for p in SRC.glob("*.py")}
-    assert top == {"__init__.py", "errors.py", "units.py", "events.py", "workload.py", "profile.py"}
+    assert top == {"__init__.py", "errors.py", "units.py", "events.py", "profile.py"}

@@ -22,51 +22,46 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from memfit.errors import BadInputError, closest
-
-#: Precision recipes. "-mixed" keeps fp32 weights and runs matmuls under autocast (CUDA policy);
-#: "-true" casts the whole model (weights, gradients, optimizer state) to the 16-bit dtype.
-PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "fp16-true", "bf16-true")
-AUTO_PRECISION = "auto"  # no training: the checkpoint's dtype (memfit.estimator.auto_precision)
-
-#: Optimizers, laid out in memory as their CUDA implementations keep state.
-OPTIMIZERS = (
-    "sgd",
-    "sgd-momentum",
-    "adam",
-    "adamw",
-    "adamw-fused",
-    "adafactor",
-    "adamw-8bit",
-    "paged-adamw",
-    "paged-adamw-8bit",
-    "lion",
-    "none",
+from memfit.errors import BadInputError
+from memfit.workload.checks import (
+    check_choice,
+    check_quantize,
+    check_step_in_backward,
+    check_teacher,
+    is_int,
+    names,
+    positive,
+)
+from memfit.workload.choices import (
+    ACTIVATION_OFFLOAD,
+    ATTENTION,
+    AUTO_PRECISION,
+    CACHES,
+    CHECKPOINTING,
+    DISTILL_LOSSES,
+    MODES,
+    OPTIMIZERS,
+    PRECISIONS,
+    QUANTIZE,
+    TEACHER_PRECISIONS,
 )
 
-#: Quantized base weights (`QuantizeConfig` in memfit.techniques.quantize says which library
-#: layout each follows): bitsandbytes 4-bit NF4 / NF4 with double quantization / FP4, LLM.int8,
-#: torchao weight-only int8 and int4, and float8.
-QUANTIZE = ("nf4", "nf4-dq", "fp4", "int8", "int8-wo", "int4-wo", "fp8")
-
-MODES = ("train", "inference", "generate")
-#: Activation offloading variants (memfit.techniques.activation_offload): PyTorch's
-#: `save_on_cpu(pin_memory=True)` (every saved tensor, parameters included) or torchtune's
-#: `OffloadActivations` filters (parameters and tensors under 1 KiB stay on the device).
-ACTIVATION_OFFLOAD = ("save_on_cpu", "torchtune")
-
-#: KV caches of `mode="generate"`, as transformers names its cache classes: DynamicCache (grows
-#: by concatenation), StaticCache (allocated at the maximum length), QuantizedCache (quantized
-#: with a full-precision residual), OffloadedCache (layers kept on the CPU).
-CACHES = ("dynamic", "static", "quantized", "offloaded")
-CHECKPOINTING = ("off", "blocks")
-ATTENTION = ("sdpa", "eager")
-#: Knowledge-distillation losses (memfit.techniques.distillation): the KL divergence between
-#: teacher and student over the vocabulary, over all positions at once or over chunks of them
-#: (each chunk's logits recomputed in backward).
-DISTILL_LOSSES = ("kl", "chunked-kl")
-#: Precisions of a distillation teacher's weights (a frozen model needs no fp32 master copy).
-TEACHER_PRECISIONS = ("fp32", "fp16", "bf16")
+__all__ = [
+    "ACTIVATION_OFFLOAD",
+    "ATTENTION",
+    "AUTO_PRECISION",
+    "CACHES",
+    "CHECKPOINTING",
+    "DISTILL_LOSSES",
+    "MODES",
+    "OPTIMIZERS",
+    "PRECISIONS",
+    "QUANTIZE",
+    "TEACHER_PRECISIONS",
+    "LoraConfig",
+    "Workload",
+    "check_choice",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,7 +81,7 @@ class LoraConfig:
     targets: str | Sequence[str] = ()
 
     def __post_init__(self) -> None:
-        if not _is_int(self.rank) or self.rank <= 0:
+        if not is_int(self.rank) or self.rank <= 0:
             raise BadInputError(
                 f"LoRA rank must be a positive integer, got {self.rank!r}. "
                 "Pass e.g. LoraConfig(rank=8)."
@@ -97,7 +92,7 @@ class LoraConfig:
             or self.alpha <= 0
         ):
             raise BadInputError(f"LoRA alpha must be a positive number, got {self.alpha!r}.")
-        object.__setattr__(self, "targets", _names("LoRA targets", self.targets))
+        object.__setattr__(self, "targets", names("LoRA targets", self.targets))
 
     @property
     def label(self) -> str:
@@ -233,14 +228,14 @@ class Workload:
 
     def _check_values(self) -> None:
         """Each field on its own: types, ranges, choices."""
-        _positive("batch_size", self.batch_size)
+        positive("batch_size", self.batch_size)
         if self.seq_len is not None:
-            _positive("seq_len", self.seq_len)
+            positive("seq_len", self.seq_len)
         if self.image_size is not None:
-            _positive("image_size", self.image_size)
-        _positive("grad_accum", self.grad_accum)
-        _positive("steps", self.steps)
-        _positive("gpus", self.gpus)
+            positive("image_size", self.image_size)
+        positive("grad_accum", self.grad_accum)
+        positive("steps", self.steps)
+        positive("gpus", self.gpus)
         check_choice("mode", self.mode, MODES)
         check_choice("precision", self.precision, (*PRECISIONS, AUTO_PRECISION))
         if self.precision == AUTO_PRECISION and self.mode == "train":
@@ -255,13 +250,13 @@ class Workload:
         if self.quantize is not None:
             check_choice("quantize", self.quantize, QUANTIZE)
         if self.prompt_len is not None:
-            _positive("prompt_len", self.prompt_len)
-        _positive("new_tokens", self.new_tokens)
-        _positive("num_beams", self.num_beams)
-        _positive("tp", self.tp)
+            positive("prompt_len", self.prompt_len)
+        positive("new_tokens", self.new_tokens)
+        positive("num_beams", self.num_beams)
+        positive("tp", self.tp)
         check_choice("cache", self.cache, CACHES)
         if self.chunked_loss is not None and (
-            not _is_int(self.chunked_loss) or self.chunked_loss < 2
+            not is_int(self.chunked_loss) or self.chunked_loss < 2
         ):
             raise BadInputError(
                 f"chunked_loss must be a number of chunks >= 2, got {self.chunked_loss!r}. "
@@ -294,9 +289,9 @@ class Workload:
                 f"lora must be a LoraConfig or None, got {self.lora!r}. "
                 "Pass e.g. lora=LoraConfig(rank=8)."
             )
-        object.__setattr__(self, "freeze", _names("freeze", self.freeze))
+        object.__setattr__(self, "freeze", names("freeze", self.freeze))
         if self.checkpoint_first is not None and (
-            not _is_int(self.checkpoint_first) or self.checkpoint_first < 0
+            not is_int(self.checkpoint_first) or self.checkpoint_first < 0
         ):
             raise BadInputError(
                 f"checkpoint_first must be a block count >= 0, got {self.checkpoint_first!r}."
@@ -405,9 +400,9 @@ class Workload:
                 f"it does not apply to gpus={self.gpus} with precision {self.precision!r}. "
                 "Drop it, or use gpus > 1 with bf16-mixed or fp16-mixed."
             )
-        self._check_quantize()
-        self._check_teacher()
-        self._check_step_in_backward()
+        check_quantize(self)
+        check_teacher(self)
+        check_step_in_backward(self)
         if self.fsdp_cpu_offload and (self.offload_optimizer or self.embedding_on_cpu):
             raise BadInputError(
                 "fsdp_cpu_offload already keeps parameters, gradients and optimizer state on "
@@ -418,95 +413,6 @@ class Workload:
             raise BadInputError(
                 "embedding_on_cpu and tie_embeddings conflict: a tied output projection "
                 "would have to run on the CPU too. Choose one."
-            )
-
-    def _check_teacher(self) -> None:
-        """The distillation options: each on its own, then together."""
-        given = {k: getattr(self, k) for k, d in (("teacher_precision", None),
-                 ("teacher_quantize", None), ("distill_loss", "kl"), ("teacher_top_k", None))
-                 if getattr(self, k) != d}  # fmt: skip
-        if self.teacher is None:
-            if given:
-                names = ", ".join(f"{k}={v!r}" for k, v in given.items())
-                raise BadInputError(
-                    f"{names}: only distillation uses it, and no teacher is given. Add "
-                    "teacher='MODEL' (the teacher's catalog name or config.json), or drop it."
-                )
-            return
-        if not isinstance(self.teacher, str) or not self.teacher.strip():
-            raise BadInputError(
-                f"teacher must be a model name such as 'llama-3.2-1b' (see `memfit models`), "
-                f"a config.json or file.py:build, got {self.teacher!r}."
-            )
-        if self.teacher_precision is not None:
-            check_choice("teacher_precision", self.teacher_precision, TEACHER_PRECISIONS)
-        if self.teacher_quantize is not None:
-            check_choice("teacher_quantize", self.teacher_quantize, QUANTIZE)
-        check_choice("distill_loss", self.distill_loss, DISTILL_LOSSES)
-        if self.teacher_top_k is not None:
-            _positive("teacher_top_k", self.teacher_top_k)
-            runs = [f"{k}={given[k]!r}" for k in ("teacher_precision", "teacher_quantize")
-                    if k in given]  # fmt: skip
-            if runs:
-                it = "it" if len(runs) == 1 else "them"
-                raise BadInputError(
-                    f"{', '.join(runs)} with teacher_top_k={self.teacher_top_k}: offline "
-                    "top-k logits come with the batch and the teacher does not run in the "
-                    f"step. Drop {it}, or drop teacher_top_k."
-                )
-        if self.chunked_loss is not None:
-            raise BadInputError(
-                f"chunked_loss={self.chunked_loss} with a teacher: the distillation loss "
-                "replaces the model's own loss. Use distill_loss='chunked-kl' instead."
-            )
-        if self.gpus > 1:
-            raise BadInputError(
-                f"teacher with gpus={self.gpus}: memfit does not model sharding a teacher "
-                "with FSDP2. Use gpus=1."
-            )
-
-    def _check_quantize(self) -> None:
-        if self.prepare_kbit and self.quantize is None:
-            raise BadInputError(
-                "prepare_kbit applies peft's prepare_model_for_kbit_training to a quantized "
-                "model, and quantize is not given. Add quantize='nf4', or drop prepare_kbit."
-            )
-        if self.quantize is None:
-            return
-        if self.training and self.lora is None:
-            raise BadInputError(
-                f"quantize={self.quantize!r} in training: quantized weights are frozen (no "
-                "gradient flows into them), so only adapters can train. Add "
-                "lora=LoraConfig(rank=16) for QLoRA, or use mode='inference'."
-            )
-        if self.gpus > 1:
-            raise BadInputError(
-                f"quantize={self.quantize!r} with gpus={self.gpus}: memfit does not model "
-                "sharding quantized weights with FSDP2. Use gpus=1."
-            )
-
-    def _check_step_in_backward(self) -> None:
-        if not self.optimizer_in_backward:
-            return
-        why = ""
-        if self.optimizer == "none":
-            why = "optimizer is 'none' (there is no step to move). Name an optimizer"
-        elif self.grad_accum > 1:
-            why = (
-                f"grad_accum={self.grad_accum}: the step runs as each gradient lands, so "
-                "gradients cannot accumulate over micro-batches. Use grad_accum=1"
-            )
-        elif self.precision == "fp16-mixed":
-            why = (
-                "precision='fp16-mixed': the GradScaler unscales and checks all gradients "
-                "together before the step. Use bf16-mixed or bf16-true"
-            )
-        elif self.offload_optimizer or self.fsdp_cpu_offload:
-            why = "the optimizer steps on the CPU after backward. Drop the offload"
-        if why:
-            raise BadInputError(
-                f"optimizer_in_backward=True cannot combine with {why}, or drop "
-                "optimizer_in_backward."
             )
 
     @property
@@ -558,42 +464,3 @@ class Workload:
         if "mode" in changes and "optimizer" not in changes and not self._optimizer_given:
             changes["optimizer"] = None
         return replace(self, **changes)
-
-
-def _is_int(value: object) -> bool:
-    """An int, not a bool (True is an int to Python, never a count to a user)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _positive(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise BadInputError(
-            f"{name} must be a positive integer, got {value!r}. Pass e.g. {name}=1."
-        )
-
-
-def _names(what: str, value: object) -> tuple[str, ...]:
-    """Module names as a tuple: from a tuple or list of names, or a comma-separated string."""
-    if isinstance(value, str):
-        items: list[object] = [v.strip() for v in value.split(",") if v.strip()]
-        if not items:
-            raise BadInputError(
-                f"{what} {value!r} names no module. Give names, e.g. 'q_proj,v_proj', or leave "
-                "it out."
-            )
-    elif isinstance(value, (tuple, list)):
-        items = list(value)
-    else:
-        raise BadInputError(
-            f"{what} must be a tuple of module names or a comma-separated string, got {value!r}."
-        )
-    for item in items:
-        if not isinstance(item, str) or not item.strip():
-            raise BadInputError(f"{what}: {item!r} in {value!r} is not a module name.")
-    return tuple(str(i).strip() for i in items)
-
-
-def check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        hint = closest(value, list(allowed)) if isinstance(value, str) else ""
-        raise BadInputError(f"Unknown {name} {value!r}.{hint} Choose one of: {', '.join(allowed)}.")

@@ -1,0 +1,47 @@
+"""The values a `Workload` field may take."""
+
+from __future__ import annotations
+
+#: Precision recipes. "-mixed" keeps fp32 weights and runs matmuls under autocast (CUDA policy);
+#: "-true" casts the whole model (weights, gradients, optimizer state) to the 16-bit dtype.
+PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "fp16-true", "bf16-true")
+AUTO_PRECISION = "auto"  # no training: the checkpoint's dtype (memfit.estimator.auto_precision)
+
+#: Optimizers, laid out in memory as their CUDA implementations keep state.
+OPTIMIZERS = (
+    "sgd",
+    "sgd-momentum",
+    "adam",
+    "adamw",
+    "adamw-fused",
+    "adafactor",
+    "adamw-8bit",
+    "paged-adamw",
+    "paged-adamw-8bit",
+    "lion",
+    "none",
+)
+
+#: Quantized base weights (`QuantizeConfig` in memfit.techniques.quantize says which library
+#: layout each follows): bitsandbytes 4-bit NF4 / NF4 with double quantization / FP4, LLM.int8,
+#: torchao weight-only int8 and int4, and float8.
+QUANTIZE = ("nf4", "nf4-dq", "fp4", "int8", "int8-wo", "int4-wo", "fp8")
+
+MODES = ("train", "inference", "generate")
+#: Activation offloading variants (memfit.techniques.activation_offload): PyTorch's
+#: `save_on_cpu(pin_memory=True)` (every saved tensor, parameters included) or torchtune's
+#: `OffloadActivations` filters (parameters and tensors under 1 KiB stay on the device).
+ACTIVATION_OFFLOAD = ("save_on_cpu", "torchtune")
+
+#: KV caches of `mode="generate"`, as transformers names its cache classes: DynamicCache (grows
+#: by concatenation), StaticCache (allocated at the maximum length), QuantizedCache (quantized
+#: with a full-precision residual), OffloadedCache (layers kept on the CPU).
+CACHES = ("dynamic", "static", "quantized", "offloaded")
+CHECKPOINTING = ("off", "blocks")
+ATTENTION = ("sdpa", "eager")
+#: Knowledge-distillation losses (memfit.techniques.distillation): the KL divergence between
+#: teacher and student over the vocabulary, over all positions at once or over chunks of them
+#: (each chunk's logits recomputed in backward).
+DISTILL_LOSSES = ("kl", "chunked-kl")
+#: Precisions of a distillation teacher's weights (a frozen model needs no fp32 master copy).
+TEACHER_PRECISIONS = ("fp32", "fp16", "bf16")
