@@ -5,6 +5,7 @@ to real traces when a prediction differs."""
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import pytest
 
@@ -23,7 +24,7 @@ W = memfit.Workload(seq_len=512, precision="fp16-mixed", optimizer="sgd")
 
 
 class _Counting(predict.MicroBatchLine):
-    lines: list[_Counting] = []
+    lines: ClassVar[list[_Counting]] = []
 
     def __init__(self, trace) -> None:  # type: ignore[no-untyped-def]
         super().__init__(trace)

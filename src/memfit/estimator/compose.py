@@ -155,7 +155,7 @@ def composable(spec: ModelSpec, w: Workload) -> int | None:
     optimizer steps after the backward, on one GPU), else None."""
     if not w.training or w.optimizer == "none" or w.optimizer_in_backward:
         return None
-    if w.gpus > 1 or w.fsdp_cpu_offload:  # FSDP2 sets the gradients itself
+    if w.gpus > 1 or w.fsdp_cpu_offload:  # FSDP2 sets the gradients; DDP adds its buckets
         return None
     return replayable_blocks(spec, w)
 

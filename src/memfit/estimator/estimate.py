@@ -19,6 +19,7 @@ from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
 from memfit.estimator.attention import attention_class
 from memfit.estimator.auto_precision import resolve_precision
+from memfit.estimator.ddp import with_ddp_buckets
 from memfit.estimator.device_memory import FIT_MARGIN_FRACTION, attach_device_memory
 from memfit.estimator.generation import generation_figures, trace_generation, without_markers
 from memfit.estimator.host_memory import HostMemory
@@ -164,7 +165,15 @@ def trace_spec(
 
     check_model_options(spec, w)
     key = trace_key(spec, w, capability, verify)
-    return cached_trace(key, lambda: _trace_spec(spec, w, capability, verify))
+    return cached_trace(key, lambda: _with_ddp(w, _trace_spec(spec, w, capability, verify)))
+
+
+def _with_ddp(w: Workload, traced: tuple[Trace, int, bool]) -> tuple[Trace, int, bool]:
+    """With `w.ddp`, the step of one DDP process: its gradient buckets added (estimator.ddp)."""
+    if not w.ddp:
+        return traced
+    tr, n, replayed = traced
+    return with_ddp_buckets(tr), n, replayed
 
 
 def trace_key(

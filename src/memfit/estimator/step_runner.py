@@ -246,7 +246,7 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
     step: Any = _one_step
     if grad_origins is not None:
         step = functools.partial(_stand_in_gradients, origins=grad_origins)
-    if w.gpus == 1 and not w.fsdp_cpu_offload:  # FSDP2's CPU offload shards over one rank too
+    if not w.fsdp:  # one GPU, or DDP's replicas; FSDP2's CPU offload shards over one rank too
         return _run_trace(spec, w, capability, num_layers, None, step)
 
     with fake_world(w.gpus) as mesh:
@@ -558,7 +558,7 @@ def _optimizer_phase(model, w, tracker, optimizer, scale, step, grad_owners) -> 
         tracker.grad_sids[step] = [
             tracker.sid_of(p.grad) if p.grad is not None else None for p in _trainable_of(optimizer)
         ]
-    if w.gpus > 1 or w.fsdp_cpu_offload:
+    if w.fsdp:
         # FSDP2 sets the reduce-scattered gradient shards itself, not through AccumulateGrad.
         for p in model.parameters():
             if p.grad is not None:

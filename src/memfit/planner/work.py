@@ -57,7 +57,9 @@ def work_of(est: Estimate) -> StepWork:
         n_gpus=w.gpus,
         # FSDP2 all-gathers each shard in every micro-batch's forward and backward and
         # reduce-scatters the gradients once: each GPU receives (N - 1) shards each time.
-        sharded_bytes_per_step=(2 * w.grad_accum + 1) * rec["parameters"] * (w.gpus - 1),
+        sharded_bytes_per_step=(2 * w.grad_accum + 1) * rec["parameters"] * (w.gpus - 1)
+        if w.fsdp
+        else 0,
         **terms,
     )
 

@@ -148,11 +148,17 @@ def apply_(
 def _configs(obj: Any, lr: float) -> list[TechniqueConfig]:
     if isinstance(obj, _ORDER):
         return [obj]
+    if isinstance(obj, Workload) and obj.ddp:
+        raise BadInputError(
+            f"apply_ does not wrap a model in DistributedDataParallel (ddp=True, gpus="
+            f"{obj.gpus}). In each process, apply_ the workload with ddp=False and gpus=1, "
+            "then wrap the model: torch.nn.parallel.DistributedDataParallel(model)."
+        )
     if isinstance(obj, Workload):
         return configs_from_workload(obj, lr=lr)
     workload = getattr(obj, "workload", None)
     if isinstance(workload, Workload):  # an Estimate, or a plan Candidate
-        return configs_from_workload(workload, lr=lr)
+        return _configs(workload, lr)
     if hasattr(obj, "best") and hasattr(obj, "closest_miss"):  # a Plan
         if obj.best is None:
             raise BadInputError(

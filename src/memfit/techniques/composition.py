@@ -67,7 +67,7 @@ def configs_from_workload(w: Workload, *, lr: float = DEFAULT_LR) -> list[Techni
         out.append(EmbeddingOnCpuConfig())
     if w.tie_embeddings:
         out.append(TieEmbeddingsConfig())
-    if w.gpus > 1 or w.fsdp_cpu_offload:  # FSDP2's CPU offload shards over one GPU too
+    if w.fsdp:  # FSDP2's CPU offload shards over one GPU too
         out.append(
             FSDPConfig(
                 world_size=w.gpus, param_dtype=w.fsdp_param_dtype, cpu_offload=w.fsdp_cpu_offload

@@ -25,6 +25,7 @@ from typing import Any
 from memfit.errors import BadInputError
 from memfit.workload.checks import (
     check_choice,
+    check_ddp,
     check_quantize,
     check_step_in_backward,
     check_teacher,
@@ -135,7 +136,11 @@ class Workload:
         tie_embeddings: share one matrix between input embedding and output projection.
         gpus: data-parallel GPUs. Above 1, parameters, gradients and optimizer state are
             sharded over them with FSDP2 (`fully_shard` on each repeated block, then the root;
-            ZeRO-3); `batch_size` is per GPU. The estimate is of one rank.
+            ZeRO-3), or with `ddp` each GPU holds the whole model; `batch_size` is per GPU.
+            The estimate is of one rank.
+        ddp: the `gpus` run DistributedDataParallel (memfit.estimator.ddp): each holds the
+            whole step plus DDP's gradient buckets (a second copy of the gradients, as
+            `gradient_as_bucket_view=False`, PyTorch's default, keeps them).
         fsdp_autocast: with `gpus` above 1 and a "-mixed" precision, run autocast over fp32
             FSDP2 shards (fp32 all-gathers). False (the default) is what FSDP2 users write:
             `MixedPrecisionPolicy(param_dtype=<16-bit>, reduce_dtype=float32)`, bf16/fp16
@@ -196,6 +201,7 @@ class Workload:
     embedding_on_cpu: bool = False
     tie_embeddings: bool = False
     gpus: int = 1
+    ddp: bool = False
     fsdp_autocast: bool = False
     steps: int = 2
     quantize: str | None = None
@@ -390,7 +396,7 @@ class Workload:
             )
         if self.gpus > 1 and (self.offload_optimizer or self.embedding_on_cpu):
             raise BadInputError(
-                f"With FSDP over several GPUs (gpus={self.gpus}), memfit does not model "
+                f"With several GPUs (gpus={self.gpus}), memfit does not model "
                 "offload_optimizer or embedding_on_cpu (FSDP2 has its own CPUOffloadPolicy). "
                 "Drop one of them."
             )
@@ -403,6 +409,7 @@ class Workload:
         check_quantize(self)
         check_teacher(self)
         check_step_in_backward(self)
+        check_ddp(self)
         if self.fsdp_cpu_offload and (self.offload_optimizer or self.embedding_on_cpu):
             raise BadInputError(
                 "fsdp_cpu_offload already keeps parameters, gradients and optimizer state on "
@@ -435,19 +442,26 @@ class Workload:
         return "float32"
 
     @property
+    def fsdp(self) -> bool:
+        """Whether FSDP2 shards the model: over several GPUs without `ddp`, or over one with
+        its CPU offload."""
+        return (self.gpus > 1 and not self.ddp) or self.fsdp_cpu_offload
+
+    @property
     def mixed(self) -> bool:
         return self.precision.endswith("-mixed")
 
     @property
     def autocast(self) -> bool:
         """Whether the step runs under autocast: "-mixed", except with FSDP2's
-        MixedPrecisionPolicy (several GPUs without `fsdp_autocast`), which casts instead."""
-        return self.mixed and (self.gpus == 1 or self.fsdp_autocast)
+        MixedPrecisionPolicy (several GPUs, without `ddp` or `fsdp_autocast`), which casts
+        instead."""
+        return self.mixed and (self.gpus == 1 or self.ddp or self.fsdp_autocast)
 
     @property
     def fsdp_param_dtype(self) -> str | None:
         """The dtype FSDP2's MixedPrecisionPolicy all-gathers and computes in, or None."""
-        if self.gpus > 1 and self.mixed and not self.fsdp_autocast:
+        if self.gpus > 1 and not self.ddp and self.mixed and not self.fsdp_autocast:
             return self.compute_dtype_name
         return None
 

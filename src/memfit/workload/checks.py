@@ -91,7 +91,7 @@ def check_teacher(self: Workload) -> None:
             f"chunked_loss={self.chunked_loss} with a teacher: the distillation loss "
             "replaces the model's own loss. Use distill_loss='chunked-kl' instead."
         )
-    if self.gpus > 1:
+    if self.fsdp:
         raise BadInputError(
             f"teacher with gpus={self.gpus}: memfit does not model sharding a teacher "
             "with FSDP2. Use gpus=1."
@@ -112,7 +112,7 @@ def check_quantize(self: Workload) -> None:
             "gradient flows into them), so only adapters can train. Add "
             "lora=LoraConfig(rank=16) for QLoRA, or use mode='inference'."
         )
-    if self.gpus > 1:
+    if self.fsdp:
         raise BadInputError(
             f"quantize={self.quantize!r} with gpus={self.gpus}: memfit does not model "
             "sharding quantized weights with FSDP2. Use gpus=1."
@@ -141,3 +141,26 @@ def check_step_in_backward(self: Workload) -> None:
         raise BadInputError(
             f"optimizer_in_backward=True cannot combine with {why}, or drop optimizer_in_backward."
         )
+
+
+def check_ddp(self: Workload) -> None:
+    """DistributedDataParallel: several processes that train, each the whole model."""
+    if not isinstance(self.ddp, bool):
+        raise BadInputError(f"ddp must be True or False, got {self.ddp!r}.")
+    if not self.ddp:
+        return
+    why = ""
+    if self.gpus < 2:
+        why = f"gpus={self.gpus}: DDP runs one process per GPU. Give gpus=N (N >= 2)"
+    elif not self.training:
+        why = f"mode={self.mode!r}: DDP synchronizes gradients, and there are none. Drop ddp"
+    elif self.fsdp_cpu_offload or self.fsdp_autocast:
+        option = "fsdp_cpu_offload" if self.fsdp_cpu_offload else "fsdp_autocast"
+        why = f"{option}=True, an FSDP2 option. Drop it for DDP, or drop ddp for FSDP2"
+    elif self.optimizer_in_backward:
+        why = (
+            "optimizer_in_backward=True: memfit does not model DDP's fused optimizer hook. "
+            "Drop one of them"
+        )
+    if why:
+        raise BadInputError(f"ddp=True cannot run with {why}.")
