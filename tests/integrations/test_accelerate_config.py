@@ -47,6 +47,13 @@ def test_fsdp2_config_is_read(tmp_path):
     assert read_accelerate_config(_write(tmp_path, offload))["fsdp_cpu_offload"] is True
 
 
+def test_ddp_config_is_read(tmp_path):
+    ddp = FSDP2.replace("distributed_type: FSDP", "distributed_type: MULTI_GPU")
+    assert read_accelerate_config(_write(tmp_path, ddp)) == {
+        "precision": "bf16-mixed", "gpus": 2, "ddp": True,
+    }  # fmt: skip
+
+
 def test_single_process_configs(tmp_path):
     one = "distributed_type: 'NO'\nmixed_precision: fp16\nnum_processes: 1\n"
     assert read_accelerate_config(_write(tmp_path, one)) == {"precision": "fp16-mixed"}
@@ -58,7 +65,15 @@ def test_single_process_configs(tmp_path):
     ("change", "message"),
     [
         (("mixed_precision: bf16", "mixed_precision: fp8"), "mixed_precision fp8 is not modelled"),
-        (("distributed_type: FSDP", "distributed_type: MULTI_GPU"), "DDP over 2 processes"),
+        (("distributed_type: FSDP", "distributed_type: MULTI_XPU"), "DDP on other devices"),
+        (
+            (
+                "distributed_type: FSDP\nmixed_precision: bf16\nnum_machines: 1\nnum_processes: 2",
+                "distributed_type: MULTI_GPU\nmixed_precision: bf16\nnum_machines: 1\n"
+                "num_processes: 1",
+            ),
+            "MULTI_GPU with num_processes 1",
+        ),
         (("distributed_type: FSDP", "distributed_type: DEEPSPEED"), "DeepSpeed is not modelled"),
         (("fsdp_version: 2", "fsdp_version: 1"), "fsdp_version 1 (FSDP1, flat parameters)"),
         (
@@ -106,3 +121,20 @@ def test_cli_estimate_follows_the_config(tmp_path):
                             "--accelerate-config", str(config)])  # fmt: skip
     assert r.exit_code == 2
     assert "--precision 'fp32' conflicts with mixed_precision in" in r.output
+
+
+def test_cli_estimate_of_a_ddp_config(tmp_path):
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps(TINY_LLAMA))
+    config = _write(
+        tmp_path, FSDP2.replace("distributed_type: FSDP", "distributed_type: MULTI_GPU")
+    )
+    r = CliRunner().invoke(app, ["estimate", str(model), "--seq", "64", "--accelerate-config",
+                                 str(config), "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.output)
+    assert got["workload"]["ddp"] is True and got["workload"]["gpus"] == 2
+    w = memfit.Workload(seq_len=64, precision="bf16-mixed", gpus=2, ddp=True)
+    assert (
+        got["peak_allocated_bytes"] == memfit.estimate(str(model), w).profile.peak_allocated_bytes
+    )

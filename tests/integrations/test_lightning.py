@@ -116,3 +116,25 @@ def test_an_out_of_memory_error_in_the_measured_steps_is_explained():
     assert not cb.session.measuring
     assert lines[-1].startswith("memfit: out of memory during the measured steps\n")
     assert cb.session.measurement.oom_report in lines[-1]
+
+
+def test_a_ddp_strategy_is_read_as_ddp_and_fsdp_is_refused():
+    from types import SimpleNamespace
+
+    from memfit.errors import BadInputError
+    from memfit.integrations._lightning_hooks import read_run
+
+    module = _module(L.LightningModule)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    batch = {"input_ids": ids, "labels": ids.clone()}
+
+    def trainer(strategy):
+        return SimpleNamespace(world_size=4, strategy=strategy, precision="bf16-mixed",
+                               optimizers=[module.configure_optimizers()],
+                               accumulate_grad_batches=2)  # fmt: skip
+
+    reading = read_run(trainer(L.pytorch.strategies.DDPStrategy()), module, batch)
+    w = reading.workload
+    assert (w.gpus, w.ddp, w.grad_accum, w.precision) == (4, True, 2, "bf16-mixed")
+    with pytest.raises(BadInputError, match=r"4 processes \(FSDPStrategy\)"):
+        read_run(trainer(L.pytorch.strategies.FSDPStrategy()), module, batch)

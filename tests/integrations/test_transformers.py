@@ -200,3 +200,32 @@ def test_docs_list_every_optim_name():
     for name, (layout, _why) in OPTIM_LAYOUTS.items():
         shown = f"`{layout}`" if layout else "not modelled"
         assert f"| `{name}` | {shown} |" in text, name
+
+
+def _batch() -> dict[str, torch.Tensor]:
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+def test_several_processes_are_read_as_ddp(tmp_path):
+    from memfit.integrations._hf_args import read_run
+
+    class _TwoProcesses(transformers.TrainingArguments):
+        @property
+        def world_size(self) -> int:  # as under torchrun --nproc-per-node 2
+            return 2
+
+    model = tiny_gpt2(2, n_positions=SEQ, vocab=VOCAB)
+    kw = dict(per_device_train_batch_size=BATCH, max_steps=2, use_cpu=True, report_to=[],
+              save_strategy="no")  # fmt: skip
+    reading = read_run(_TwoProcesses(str(tmp_path), **kw), model, None, _batch())
+    w = reading.workload
+    assert (w.gpus, w.ddp, w.batch_size, w.seq_len) == (2, True, BATCH, SEQ)
+    got = memfit.estimate(reading.spec, w, gpu="a100-80gb")
+    alone = memfit.estimate(reading.spec, w.with_(gpus=1, ddp=False), gpu="a100-80gb")
+    assert got.profile.breakdown["gradients"] > alone.profile.breakdown["gradients"]
+    assert not any("ddp_bucket_cap_mb" in n for n in reading.notes)
+    other = read_run(_TwoProcesses(str(tmp_path), ddp_bucket_cap_mb=50, **kw), model, None,
+                     _batch())  # fmt: skip
+    assert any(n.startswith("ddp_bucket_cap_mb=50: memfit places DDP's buckets as the defaults")
+               for n in other.notes)  # fmt: skip

@@ -43,6 +43,7 @@ FLAGS = {
     "offload_activations": "--offload-activations",
     "chunked_loss": "--chunked-loss",
     "fsdp_cpu_offload": "--fsdp-cpu-offload",
+    "ddp": "--ddp",
     "host_memory": "--host-memory",
     "prompt_len": "--prompt-len",
     "new_tokens": "--new-tokens",

@@ -110,6 +110,10 @@ TieEmbeddings = Annotated[
 Gpus = Annotated[
     int, typer.Option(help="Data-parallel GPUs: above 1, FSDP2 shards the model (per rank).")
 ]
+Ddp = Annotated[
+    bool,
+    typer.Option("--ddp", help="The --gpus run DistributedDataParallel: each the whole model."),
+]
 
 
 Quantize = Annotated[
@@ -197,6 +201,7 @@ WORKLOAD_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("attention", Attention, DEFAULT.attention),
     ("gpu", GpuForVerdict, DEFAULT.gpu),
     ("gpus", Gpus, DEFAULT.gpus),
+    ("ddp", Ddp, DEFAULT.ddp),
     ("offload_optimizer", OffloadOptimizer, DEFAULT.offload_optimizer),
     ("embedding_on_cpu", EmbeddingOnCpu, DEFAULT.embedding_on_cpu),
     ("tie_embeddings", TieEmbeddings, DEFAULT.tie_embeddings),

@@ -114,7 +114,8 @@ def _optim_value(args: Any) -> str:
 def read_run(args: Any, model: torch.nn.Module, optimizer: Any, batch: Any) -> RunReading:
     """The Workload and ModelSpec of a Trainer run: `model` as the Trainer prepared it, `args`,
     the optimizer it built and its first batch. Raises BadInputError for what memfit does not
-    model (FSDP / DeepSpeed / several processes, an optimizer without a layout, ...)."""
+    model (FSDP / DeepSpeed, an optimizer without a layout, ...). Several processes without
+    them are DDP: `Workload(gpus=world_size, ddp=True)`."""
     if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
         what = "FSDP" if getattr(args, "fsdp", None) else "DeepSpeed"
         raise BadInputError(
@@ -123,18 +124,19 @@ def read_run(args: Any, model: torch.nn.Module, optimizer: Any, batch: Any) -> R
             "memfit.estimate(model, Workload(gpus=N))."
         )
     world = int(getattr(args, "world_size", 1) or 1)
-    if world > 1:
-        raise BadInputError(
-            f"The Trainer runs {world} processes (DDP): memfit does not model DDP's gradient "
-            "buckets. Estimate one process (it holds the whole model) as a lower bound with "
-            "memfit.estimate(model, Workload(...)), or shard with FSDP2 (Workload(gpus=N))."
-        )
+    notes: list[str] = []
+    if world > 1:  # the Trainer wraps the model in DistributedDataParallel
+        for key, default in (("ddp_bucket_cap_mb", None), ("ddp_find_unused_parameters", None)):
+            if getattr(args, key, default) not in (default, False):
+                value = getattr(args, key)
+                notes.append(f"{key}={value!r}: memfit places DDP's buckets as the defaults "
+                             "cut them (the same bytes; other boundaries).")  # fmt: skip
     template = BatchTemplate.of(batch)
     autocast = "bfloat16" if args.bf16 else "float16" if args.fp16 else None
     who = "TrainingArguments(bf16=True)" if args.bf16 else "TrainingArguments(fp16=True)"
     precision = precision_of(model, autocast, who=who)
-    checkpointing, first, notes = checkpointing_of(model)
-    notes += dtypes_note(model)
+    checkpointing, first, ckpt_notes = checkpointing_of(model)
+    notes += ckpt_notes + dtypes_note(model)
     if getattr(args, "torch_compile", False):
         notes.append("torch_compile=True: memfit estimates the eager step (compiled kernels "
                      "fuse temporaries; the estimate is an upper bound for them).")  # fmt: skip
@@ -149,6 +151,8 @@ def read_run(args: Any, model: torch.nn.Module, optimizer: Any, batch: Any) -> R
         grad_accum=int(args.gradient_accumulation_steps),
         checkpointing=checkpointing,
         checkpoint_first=first,
+        gpus=world,
+        ddp=world > 1,
     )
     spec = spec_of_run(model, template, build=lambda: strip_hf_checkpointing(meta_copy(model)))
     return RunReading(spec=spec, workload=workload, notes=tuple(notes))

@@ -95,12 +95,15 @@ class _TrainingStep(torch.nn.Module):
 
 def read_run(trainer: Any, pl_module: torch.nn.Module, batch: Any) -> RunReading:
     """The Workload and ModelSpec of a Lightning run; BadInputError for what memfit does not
-    model (several processes, manual optimization, several optimizers, other precisions)."""
-    if int(getattr(trainer, "world_size", 1) or 1) > 1:
+    model (several processes but DDP's, manual optimization, several optimizers, other
+    precisions)."""
+    world = int(getattr(trainer, "world_size", 1) or 1)
+    strategy = type(getattr(trainer, "strategy", None)).__name__
+    if world > 1 and not strategy.startswith("DDP"):
         raise BadInputError(
-            f"The trainer runs {trainer.world_size} processes ({type(trainer.strategy).__name__}); "
-            "the callback reads single-process runs. Estimate a sharded run with "
-            "memfit.estimate(model, Workload(gpus=N)) (FSDP2)."
+            f"The trainer runs {world} processes ({strategy}); the callback reads one process "
+            "or DDP. Estimate a sharded run with memfit.estimate(model, Workload(gpus=N)) "
+            "(FSDP2)."
         )
     if not getattr(pl_module, "automatic_optimization", True):
         raise BadInputError(
@@ -131,6 +134,8 @@ def read_run(trainer: Any, pl_module: torch.nn.Module, batch: Any) -> RunReading
         grad_accum=int(trainer.accumulate_grad_batches),
         checkpointing=checkpointing,
         checkpoint_first=first,
+        gpus=world,
+        ddp=world > 1,  # DDPStrategy: each process the whole model plus its buckets
     )
 
     def build() -> torch.nn.Module:

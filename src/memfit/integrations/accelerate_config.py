@@ -9,9 +9,11 @@ Read:
   `fsdp_cpu_offload`, `fsdp_activation_checkpointing` -> checkpointing="blocks";
   FSDP2 shards each transformer block, then the root, as memfit does
   (`fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP`), and frees the gathered block after its
-  forward (`fsdp_reshard_after_forward: true`).
+  forward (`fsdp_reshard_after_forward: true`);
+- `distributed_type` "MULTI_GPU": DistributedDataParallel over `num_processes` GPUs -> `gpus`
+  and `ddp` (memfit.estimator.ddp: each process the whole step plus the gradient buckets).
 
-Refused, with the reason (BadInputError): fp8, DDP (MULTI_GPU) and other multi-device types,
+Refused, with the reason (BadInputError): fp8, DDP on other devices (MULTI_NPU, MULTI_XPU, ...),
 DeepSpeed, FSDP1, FSDP2 without resharding or with another wrap policy, a dynamo backend,
 tensor/context parallelism, `use_cpu`. Keys that do not change memory (machine rank, ports,
 state-dict type, prefetch, ...) are read and left alone.
@@ -71,8 +73,9 @@ def _flag(where: str, key: str, value: Any) -> bool:
 
 
 def read_accelerate_config(path: str | Path) -> dict[str, Any]:
-    """The Workload fields an accelerate config decides: `precision`, and with FSDP `gpus`,
-    `fsdp_cpu_offload`, `checkpointing`. What memfit does not model raises BadInputError."""
+    """The Workload fields an accelerate config decides: `precision`, with FSDP `gpus`,
+    `fsdp_cpu_offload`, `checkpointing`, with DDP (MULTI_GPU) `gpus` and `ddp`. What memfit
+    does not model raises BadInputError."""
     p = Path(path)
     cfg = _load(p)
     where = str(p)
@@ -107,11 +110,16 @@ def read_accelerate_config(path: str | Path) -> dict[str, Any]:
     if kind == "DEEPSPEED":
         raise BadInputError(f"{where}: DeepSpeed is not modelled. memfit models FSDP2 "
                             "(distributed_type: FSDP, fsdp_version: 2).")  # fmt: skip
+    if kind == "MULTI_GPU":  # DistributedDataParallel over the processes
+        if n < 2:
+            raise BadInputError(f"{where}: distributed_type MULTI_GPU with num_processes {n}; "
+                                "DDP needs 2 or more.")  # fmt: skip
+        fields.update(gpus=n, ddp=True)
+        return fields
     if kind in _DATA_PARALLEL:
         raise BadInputError(
-            f"{where}: distributed_type {kind} (DDP over {n} processes) is not modelled: each "
-            "process holds the whole model plus DDP's gradient buckets. Estimate one process "
-            "without the config as a lower bound, or use FSDP2 (distributed_type: FSDP)."
+            f"{where}: distributed_type {kind} (DDP on other devices than CUDA GPUs) is not "
+            "modelled: memfit models CUDA's allocator, context and workspaces."
         )
     if kind != "FSDP":
         raise BadInputError(f"{where}: distributed_type {kind} is not modelled.")
@@ -146,6 +154,7 @@ def read_accelerate_config(path: str | Path) -> dict[str, Any]:
 _SOURCES = {
     "precision": ("--precision", "mixed_precision"),
     "gpus": ("--gpus", "num_processes"),
+    "ddp": ("--ddp", "distributed_type: MULTI_GPU"),
     "fsdp_cpu_offload": ("--fsdp-cpu-offload", "fsdp_config.fsdp_offload_params"),
     "checkpointing": ("--checkpointing", "fsdp_config.fsdp_activation_checkpointing"),
 }

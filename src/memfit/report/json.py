@@ -120,6 +120,7 @@ def estimate_json(est: Estimate) -> dict[str, Any]:
             "techniques": technique_labels(w),
             "gpu": est.gpu.name if est.gpu is not None else None,
             "gpus": w.gpus,
+            "ddp": w.ddp,
             "tp": w.tp,
             "quantize": w.quantize,
             "prepare_kbit": w.prepare_kbit,

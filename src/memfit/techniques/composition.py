@@ -88,7 +88,10 @@ def configs_from_workload(w: Workload, *, lr: float = DEFAULT_LR) -> list[Techni
 def labels(w: Workload) -> list[str]:
     """The memory techniques `w` uses, as reports name them (each config's `label`; the
     precision and the optimizer are reported on their own)."""
-    return [c.label for c in configs_from_workload(w) if c.label]
+    out = [c.label for c in configs_from_workload(w) if c.label]
+    if w.ddp:  # not a config: apply_ leaves the wrapping to the user (memfit.estimator.ddp)
+        out.append(f"DDP over {w.gpus} GPUs (gradient buckets)")
+    return out
 
 
 def prepare_model(model: torch.nn.Module, w: Workload, spec: ModelSpec) -> torch.nn.Module:
