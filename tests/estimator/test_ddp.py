@@ -44,8 +44,8 @@ class _FlatAllocations(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
-        flat = out.dtype == torch.float32 and out.dim() == 1
-        if func is torch.ops.aten.empty.memory_format and flat:
+        empty = func is torch.ops.aten.empty.memory_format
+        if empty and out.dtype == torch.float32 and out.dim() == 1:
             self.seen.append(out.numel() * 4)
         return out
 
