@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -53,15 +54,19 @@ FAST = [
 CASES = MATRIX if os.environ.get("MEMFIT_SLOW_TESTS") else FAST
 
 
-@pytest.fixture(scope="module")
-def configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("compose")
+def write_configs(root: Path) -> dict[str, str]:
+    """The tiny llama and GPT-2 config files in `root`, by name."""
     out = {}
     for name, cfg in (("llama", LLAMA), ("gpt2", GPT2)):
         path = root / f"{name}.json"
         path.write_text(json.dumps(cfg))
         out[name] = str(path)
     return out
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return write_configs(tmp_path_factory.mktemp("compose"))
 
 
 def _workload(precision: str, checkpointing: str, lora: bool) -> memfit.Workload:

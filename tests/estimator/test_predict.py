@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import os
 
 import pytest
@@ -24,16 +23,9 @@ from memfit.estimator.trace_cache import session
 from memfit.models.sources import resolve_model
 from memfit.profile import MemoryProfile
 from memfit.workload import LoraConfig
+from tests.estimator.test_compose import PRECISIONS, write_configs
 
 CAP = (8, 9)
-LLAMA = dict(
-    model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128, hidden_size=64,
-    intermediate_size=128, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-    max_position_embeddings=64, tie_word_embeddings=True,
-)  # fmt: skip
-GPT2 = dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], vocab_size=128, n_embd=64,
-            n_layer=6, n_head=4, n_positions=64)  # fmt: skip
-PRECISIONS = ("fp32", "bf16-mixed", "bf16-true", "fp16-mixed")
 OPTIMIZERS = ("adamw", "adamw-8bit", "adafactor", "sgd-momentum", "lion")
 MATRIX = list(itertools.product(("llama", "gpt2"), PRECISIONS, OPTIMIZERS, ("off", "blocks"),
                                 (False, True), (1, 2)))  # fmt: skip
@@ -58,13 +50,7 @@ TECHNIQUES = {
 
 @pytest.fixture(scope="module")
 def configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("predict")
-    out = {}
-    for name, cfg in (("llama", LLAMA), ("gpt2", GPT2)):
-        path = root / f"{name}.json"
-        path.write_text(json.dumps(cfg))
-        out[name] = str(path)
-    return out
+    return write_configs(tmp_path_factory.mktemp("predict"))
 
 
 def _key(tr: memfit.estimator.step_runner.Trace) -> tuple:

@@ -106,13 +106,16 @@ def test_the_key_follows_everything_that_changes_a_trace(config: str, tmp_path: 
     base = trace_key(spec, W, (8, 0), True)
     assert base == trace_key(resolve_model(config), W.with_(gpu="rtx-4090"), (8, 0), True)
     assert base == trace_key(spec, W.with_(host_memory="64GiB"), (8, 0), True)
+    # GPUs whose capabilities pick the same attention kernels (attention.attention_class)
+    # share their traces; no GPU named is (8, 0).
+    assert base == trace_key(spec, W, (9, 0), True) == trace_key(spec, W, None, True)
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**CFG, "intermediate_size": 256}))
     changed = [
         trace_key(spec, W.with_(batch_size=3), (8, 0), True),
         trace_key(spec, W.with_(checkpointing="blocks"), (8, 0), True),
-        trace_key(spec, W, (9, 0), True),
-        trace_key(spec, W, None, True),
+        trace_key(spec, W, (7, 5), True),  # another attention class (before 8.0)
+        trace_key(spec, W, (8, 9), True),  # and sm86/sm89's
         trace_key(spec, W, (8, 0), False),
         trace_key(resolve_model(other), W, (8, 0), True),
         trace_key(resolve_model(config, task="seq-classification"), W, (8, 0), True),
