@@ -138,3 +138,8 @@ def test_a_ddp_strategy_is_read_as_ddp_and_fsdp_is_refused():
     assert (w.gpus, w.ddp, w.grad_accum, w.precision) == (4, True, 2, "bf16-mixed")
     with pytest.raises(BadInputError, match=r"4 processes \(FSDPStrategy\)"):
         read_run(trainer(L.pytorch.strategies.FSDPStrategy()), module, batch)
+    cap = read_run(trainer(L.pytorch.strategies.DDPStrategy(bucket_cap_mb=50)), module, batch)
+    assert any(n.startswith("DDPStrategy(bucket_cap_mb=50): memfit places") for n in cap.notes)
+    with pytest.raises(BadInputError, match="gradient_as_bucket_view=True"):
+        read_run(trainer(L.pytorch.strategies.DDPStrategy(gradient_as_bucket_view=True)), module,
+                 batch)  # fmt: skip

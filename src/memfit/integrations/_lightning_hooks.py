@@ -93,6 +93,23 @@ class _TrainingStep(torch.nn.Module):
         return held
 
 
+def _ddp_notes(strategy: Any) -> list[str]:
+    """What a DDPStrategy's DistributedDataParallel arguments change of memfit.estimator.ddp's
+    buckets: said in a note, or refused where the estimate would be wrong."""
+    kwargs = dict(getattr(strategy, "_ddp_kwargs", None) or {})
+    if kwargs.get("gradient_as_bucket_view"):
+        raise BadInputError(
+            "DDPStrategy(gradient_as_bucket_view=True): the gradients are views into DDP's "
+            "buckets, one copy instead of two, which memfit does not model. Drop it for the "
+            "estimate (memfit.estimate(model, Workload(gpus=N, ddp=True)) is then an upper "
+            "bound by the gradients' bytes)."
+        )
+    return [f"DDPStrategy({key}={kwargs[key]!r}): memfit places DDP's buckets as the defaults "
+            "cut them (the same bytes; other boundaries)."
+            for key in ("bucket_cap_mb", "find_unused_parameters")
+            if kwargs.get(key) not in (None, False)]  # fmt: skip
+
+
 def read_run(trainer: Any, pl_module: torch.nn.Module, batch: Any) -> RunReading:
     """The Workload and ModelSpec of a Lightning run; BadInputError for what memfit does not
     model (several processes but DDP's, manual optimization, several optimizers, other
@@ -124,6 +141,8 @@ def read_run(trainer: Any, pl_module: torch.nn.Module, batch: Any) -> RunReading
     template = BatchTemplate.of(batch)
     checkpointing, first, notes = checkpointing_of(pl_module)
     notes += dtypes_note(pl_module)
+    if world > 1:
+        notes += _ddp_notes(trainer.strategy)
     workload = Workload(
         batch_size=template.batch_size,
         seq_len=template.seq_len,
