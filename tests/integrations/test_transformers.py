@@ -116,6 +116,40 @@ def test_checkpointing_and_accumulation_are_read_and_training_is_unchanged(tmp_p
     assert all(torch.equal(a, b) for a, b in zip(trained([]), with_cb, strict=True))
 
 
+def test_qlora_loaded_with_bitsandbytes_is_read_from_the_model(tmp_path):
+    """The QLoRA recipe as users write it: a model loaded in 4 bits by transformers
+    (BitsAndBytesConfig), peft's prepare_model_for_kbit_training and get_peft_model (its 4-bit
+    LoRA layers), trained by the Trainer. The callback's estimate is memfit's estimate of the
+    same model quantized by a Workload, and the measured steps equal it to the byte."""
+    pytest.importorskip("bitsandbytes")
+    cfg = transformers.LlamaConfig(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, vocab_size=256, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "base")
+    quant = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                            bnb_4bit_use_double_quant=True)  # fmt: skip
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        tmp_path / "base", quantization_config=quant, dtype=torch.bfloat16, device_map="cpu"
+    )
+    model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    lora = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    model = peft.get_peft_model(model, lora)
+    cb = MemfitCallback(print_fn=_quiet)
+    _train(model, _args(tmp_path), [cb], _Tokens(vocab=256))
+    w = memfit.Workload(batch_size=BATCH, seq_len=SEQ, optimizer="adamw-fused",
+                        precision="bf16-true", quantize="nf4-dq", prepare_kbit=True,
+                        lora=memfit.LoraConfig(rank=4, targets=("q_proj", "v_proj")))  # fmt: skip
+    torch.manual_seed(0)
+    _same_estimate(cb.estimate, memfit.estimate(transformers.LlamaForCausalLM(cfg), w))
+    assert cb.estimate.parameter_count == 397_952  # 393,856 as unquantized + 4,096 adapters
+    assert ("NF4 double-quantized base weights (bitsandbytes), read from the model: 14 linear "
+            "layers") in " ".join(cb.estimate.notes)  # fmt: skip
+    c = cb.comparison
+    assert c.estimated == c.measured == 2_653_696
+
+
 def test_a_gpu_too_small_stops_before_the_first_step(tmp_path):
     seq, vocab, batch = 64, 1000, 32
     model = tiny_gpt2(2, n_positions=seq, vocab=vocab)

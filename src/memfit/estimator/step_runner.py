@@ -48,7 +48,7 @@ from memfit.techniques.fsdp_offload import emulated_cpu_offload, mark_host_shard
 from memfit.techniques.optimizer import host_state_keys, mark_state, optimizer_for_trace
 from memfit.techniques.optimizer_in_backward import OptimizerInBackward, trace_hooks
 from memfit.techniques.optimizer_in_backward import for_trace as in_backward_for_trace
-from memfit.techniques.quantize_trace import logical_numel, prepare_quantized
+from memfit.techniques.quantize_trace import LOGICAL_NUMEL, logical_numel, prepare_quantized
 from memfit.techniques.train_setup import call_model
 from memfit.workload import Workload
 
@@ -86,7 +86,8 @@ def materialize_fake(
 
     Floating parameters and buffers are cast to `dtype` when it is given (pure low precision),
     unless the model is marked as loaded (memfit.models.loaded): then each keeps its own dtype.
-    Tied parameters stay tied: a tensor seen twice maps to the same fake.
+    Tied parameters stay tied (a tensor seen twice maps to the same fake); quantized storages
+    keep the element count they stand for (quantize_trace.LOGICAL_NUMEL).
     """
     if is_as_loaded(model):
         dtype = None
@@ -99,17 +100,15 @@ def materialize_fake(
         with fake_mode:
             new = torch.empty_strided(tuple(t.shape), t.stride(), dtype=target, device="cpu")
         out: Any = torch.nn.Parameter(new, requires_grad=t.requires_grad) if is_param else new
+        if hasattr(t, LOGICAL_NUMEL):  # a quantized layer's storage read from a real model
+            setattr(out, LOGICAL_NUMEL, getattr(t, LOGICAL_NUMEL))
         memo[id(t)] = out
         return out
 
     tensors: list[tuple[torch.nn.Module, str, torch.Tensor, bool]] = []
     for mod in model.modules():
-        for n, p in mod._parameters.items():
-            if p is not None:
-                tensors.append((mod, n, p, True))
-        for n, b in mod._buffers.items():
-            if b is not None:
-                tensors.append((mod, n, b, False))
+        tensors += [(mod, n, p, True) for n, p in mod._parameters.items() if p is not None]
+        tensors += [(mod, n, b, False) for n, b in mod._buffers.items() if b is not None]
     for _, _, t, is_param in tensors:
         fake_of(t, is_param)
     if copy_it:
@@ -454,11 +453,12 @@ def _unpacked_synthetic_inputs(spec: ModelSpec) -> Iterator[None]:
     (masking_utils.find_packed_sequence_indices); on fake tensors it cannot read the values, so
     it assumes packing and builds an explicit (B, 1, S, S) mask, which rules out the flash
     kernel. On a GPU, the same synthetic batch (one sequence per row, no padding) gives no mask
-    and `is_causal=True`. Only memfit's own batches are covered; a user's input factory is
-    traced as it is.
+    and `is_causal=True`. Only memfit's own batches and those a spec declares unpacked
+    (`ModelSpec.unpacked_batches`) are covered; a user's input factory is traced as it is.
     """
     mu = sys.modules.get("transformers.masking_utils")
-    if spec.make_batch is not None or mu is None or not hasattr(mu, "find_packed_sequence_indices"):
+    user = spec.make_batch is not None and not spec.unpacked_batches
+    if user or mu is None or not hasattr(mu, "find_packed_sequence_indices"):
         yield
         return
     original = getattr(mu, "find_packed_sequence_indices")  # noqa: B009

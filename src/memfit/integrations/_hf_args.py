@@ -20,8 +20,9 @@ from memfit.errors import BadInputError
 from memfit.integrations._reading import (
     BatchTemplate,
     checkpointing_of,
-    dtypes_note,
+    ddp_setting_note,
     meta_copy,
+    model_notes,
     optimizer_layout,
     precision_of,
     spec_of_run,
@@ -128,15 +129,13 @@ def read_run(args: Any, model: torch.nn.Module, optimizer: Any, batch: Any) -> R
     if world > 1:  # the Trainer wraps the model in DistributedDataParallel
         for key, default in (("ddp_bucket_cap_mb", None), ("ddp_find_unused_parameters", None)):
             if getattr(args, key, default) not in (default, False):
-                value = getattr(args, key)
-                notes.append(f"{key}={value!r}: memfit places DDP's buckets as the defaults "
-                             "cut them (the same bytes; other boundaries).")  # fmt: skip
+                notes.append(ddp_setting_note(f"{key}={getattr(args, key)!r}"))
     template = BatchTemplate.of(batch)
     autocast = "bfloat16" if args.bf16 else "float16" if args.fp16 else None
     who = "TrainingArguments(bf16=True)" if args.bf16 else "TrainingArguments(fp16=True)"
     precision = precision_of(model, autocast, who=who)
     checkpointing, first, ckpt_notes = checkpointing_of(model)
-    notes += ckpt_notes + dtypes_note(model)
+    notes += ckpt_notes + model_notes(model)
     if getattr(args, "torch_compile", False):
         notes.append("torch_compile=True: memfit estimates the eager step (compiled kernels "
                      "fuse temporaries; the estimate is an upper bound for them).")  # fmt: skip

@@ -25,8 +25,9 @@ from memfit.events import Category
 from memfit.integrations._reading import (
     BatchTemplate,
     checkpointing_of,
-    dtypes_note,
+    ddp_setting_note,
     meta_copy,
+    model_notes,
     optimizer_layout,
     precision_of,
     spec_of_run,
@@ -104,8 +105,7 @@ def _ddp_notes(strategy: Any) -> list[str]:
             "estimate (memfit.estimate(model, Workload(gpus=N, ddp=True)) is then an upper "
             "bound by the gradients' bytes)."
         )
-    return [f"DDPStrategy({key}={kwargs[key]!r}): memfit places DDP's buckets as the defaults "
-            "cut them (the same bytes; other boundaries)."
+    return [ddp_setting_note(f"DDPStrategy({key}={kwargs[key]!r})")
             for key in ("bucket_cap_mb", "find_unused_parameters")
             if kwargs.get(key) not in (None, False)]  # fmt: skip
 
@@ -140,7 +140,7 @@ def read_run(trainer: Any, pl_module: torch.nn.Module, batch: Any) -> RunReading
         )
     template = BatchTemplate.of(batch)
     checkpointing, first, notes = checkpointing_of(pl_module)
-    notes += dtypes_note(pl_module)
+    notes += model_notes(pl_module)
     if world > 1:
         notes += _ddp_notes(trainer.strategy)
     workload = Workload(

@@ -16,9 +16,13 @@ dtype, so peft's fp32 adapters on a bf16 base, or layers upcast to fp32, are est
 run holds them; the Workload's precision (`precision_of`) says only whether the step runs under
 autocast and in which 16-bit dtype.
 
-Known limits (errors, never guesses): a model whose parameters are quantized by bitsandbytes
-(`Params4bit`, `Int8Params`) or sharded (DTensor, FSDP) is refused; so is an optimizer memfit
-has no layout for (docs/integrations.md lists them).
+A model quantized by bitsandbytes (QLoRA: `Linear4bit` / `Linear8bitLt` layers) is copied with
+memfit's stand-in of each quantized layer, read from the layer's own settings
+(memfit.techniques.quantize_read).
+
+Known limits (errors, never guesses): parameters sharded (DTensor, FSDP), quantized parameters
+outside bitsandbytes' linear layers, and an optimizer memfit has no layout for are refused
+(docs/integrations.md lists them).
 """
 
 from __future__ import annotations
@@ -37,12 +41,14 @@ from memfit.errors import BadInputError
 from memfit.models.loaded import dtype_counts, mark_as_loaded
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.models.structure import find_repeated_blocks
+from memfit.techniques.quantize_read import bnb_kind, quantized_stand_ins
 
 __all__ = [
     "BatchTemplate",
     "checkpointing_of",
-    "dtypes_note",
+    "ddp_setting_note",
     "meta_copy",
+    "model_notes",
     "optimizer_layout",
     "precision_of",
     "spec_of_run",
@@ -53,12 +59,13 @@ _QUANTIZED_PARAMETERS = ("Params4bit", "Int8Params")
 
 
 def _refuse_unreadable(model: torch.nn.Module) -> None:
+    in_layers = {id(p) for m in model.modules() if bnb_kind(m) for p in m.parameters()}
     for name, p in model.named_parameters():
         kind = type(p).__name__
-        if kind in _QUANTIZED_PARAMETERS:
+        if kind in _QUANTIZED_PARAMETERS and id(p) not in in_layers:
             raise BadInputError(
-                f"Parameter {name!r} is a bitsandbytes {kind}: memfit does not read a model "
-                "that is already quantized. Estimate the unquantized model with "
+                f"Parameter {name!r} is a bitsandbytes {kind} outside bitsandbytes' Linear4bit "
+                "/ Linear8bitLt layers, which memfit reads. Estimate the unquantized model with "
                 "Workload(quantize='nf4', lora=LoraConfig(...)) instead (memfit estimate MODEL "
                 "--quantize nf4 --lora-rank 16)."
             )
@@ -72,7 +79,8 @@ def _refuse_unreadable(model: torch.nn.Module) -> None:
 
 def meta_copy(model: torch.nn.Module, *, detach: tuple[Any, ...] = ()) -> torch.nn.Module:
     """The module tree of `model` with every parameter and buffer on the meta device (same
-    shape, dtype, strides and requires_grad; tied tensors stay tied). Objects in `detach` (a
+    shape, dtype, strides and requires_grad; tied tensors stay tied), and each bitsandbytes
+    quantized layer replaced by memfit's stand-in of its layout. Objects in `detach` (a
     Lightning trainer the module points to) become None in the copy instead of being copied.
 
     Example:
@@ -89,6 +97,7 @@ def meta_copy(model: torch.nn.Module, *, detach: tuple[Any, ...] = ()) -> torch.
             if b is not None and id(b) not in memo:
                 memo[id(b)] = torch.empty_strided(b.shape, b.stride(), dtype=b.dtype,
                                                   device="meta")  # fmt: skip
+    memo.update(quantized_stand_ins(model, memo)[0])
     return copy.deepcopy(model, memo)
 
 
@@ -132,6 +141,23 @@ class BatchTemplate:
             seq = next((int(t.shape[1]) for t in sized if t.dim() == 2), None)
         structure = pytree.tree_map(_spec_of, batch)
         return cls(structure=structure, batch_size=sizes.pop(), seq_len=seq)
+
+    def has_key(self, key: str) -> bool:
+        """Whether a mapping of the batch (at any depth) has `key`."""
+        found = False
+
+        def look(node: Any) -> None:
+            nonlocal found
+            if isinstance(node, dict):
+                found = found or key in node
+                for v in node.values():
+                    look(v)
+            elif isinstance(node, (list, tuple)):
+                for v in node:
+                    look(v)
+
+        look(self.structure)
+        return found
 
     def make(self, batch_size: int, seq_len: int | None = None) -> Any:
         """A batch of the template's structure with `batch_size` rows; with `seq_len`, every
@@ -194,6 +220,8 @@ def spec_of_run(
         "owns_model": True,  # a copy memfit made: its checkpointing may be changed
         "make_batch": make_batch,
         "name": name or spec.name,
+        # No position_ids in the batch: transformers makes an arange, never packed sequences.
+        "unpacked_batches": not template.has_key("position_ids"),
     }
     if loss is not None:
         changes["loss"] = loss
@@ -316,9 +344,20 @@ def precision_of(model: torch.nn.Module, autocast: str | None, *, who: str) -> s
     return f"{_SIXTEEN_BIT[low.pop()]}-true" if low else "fp32"
 
 
-def dtypes_note(model: torch.nn.Module) -> list[str]:
-    """A note for the estimate when the parameters are in more than one dtype: how many of
-    each, trainable and frozen, as the trace keeps them."""
+def model_notes(model: torch.nn.Module) -> list[str]:
+    """The estimate's notes on how the model is read: its bitsandbytes layers (their
+    refusals raised here, before any trace), and, when the parameters are in more than one
+    dtype, how many of each, trainable and frozen, as the trace keeps them."""
+    return quantized_stand_ins(model, {})[1] + _dtypes_note(model)
+
+
+def ddp_setting_note(setting: str) -> str:
+    """The note for a DDP setting that moves the buckets' boundaries, not their bytes."""
+    return (f"{setting}: memfit places DDP's buckets as the defaults cut them (the same "
+            "bytes; other boundaries).")  # fmt: skip
+
+
+def _dtypes_note(model: torch.nn.Module) -> list[str]:
     counts = dtype_counts(model)
     if len(counts) < 2:
         return []

@@ -7,14 +7,16 @@ Example:
     >>> trainer.train()   # prints the estimate; raises WontFitError before step 1 if it won't fit
 
 What it reads at `on_train_begin`: the model as the Trainer prepared it (LoRA adapters, frozen
-parameters, activation checkpointing), `TrainingArguments` (gradient accumulation, bf16/fp16),
-the optimizer the Trainer built, and the shapes of the first batch of the train dataloader (read
-from a fresh iterator over the underlying DataLoader, with every random generator's state saved
-and restored, so training draws the same batches). The callback changes nothing of the model,
-the arguments or the data; it only raises when the run will not fit.
+parameters, bitsandbytes-quantized layers, activation checkpointing), `TrainingArguments`
+(gradient accumulation, bf16/fp16), the optimizer the Trainer built, and the shapes of the
+first batch of the train dataloader (read from a fresh iterator over the underlying DataLoader,
+with every random generator's state saved and restored, so training draws the same batches).
+The callback changes nothing of the model, the arguments or the data; it only raises when the
+run will not fit.
 
-Limits: runs of several processes (DDP, FSDP, DeepSpeed) and already-quantized models are not
-read (a message says so and training goes on, unless `strict=True`); see docs/integrations.md.
+A model quantized by bitsandbytes (QLoRA) is read from its layers. Limits: FSDP and DeepSpeed
+runs are not read (a message says so and training goes on, unless `strict=True`); several
+processes otherwise are DDP; see docs/integrations.md.
 An out-of-memory error inside the measured steps leaves the Trainer before any callback runs:
 call `callback.explain_oom(error)` in an `except torch.OutOfMemoryError` around `train()`.
 """

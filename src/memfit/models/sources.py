@@ -130,6 +130,11 @@ class ModelSpec:
     #: for the trace cache (memfit.estimator.trace_cache); None for a model memfit cannot name
     #: that way (an nn.Module passed in, a factory's), which is never cached.
     cache_key: str | None = None
+    #: True when `make_batch`'s batches, like memfit's own, hold one sequence per row and no
+    #: `position_ids` or attention mask (the trainer callbacks' copies of a real first batch
+    #: without them): transformers then makes position_ids as an arange and finds no packed
+    #: sequences, which the trace cannot read off fake values (step_runner).
+    unpacked_batches: bool = False
 
     @property
     def batch_is_user_defined(self) -> bool:
