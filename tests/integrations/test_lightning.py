@@ -143,3 +143,44 @@ def test_a_ddp_strategy_is_read_as_ddp_and_fsdp_is_refused():
     with pytest.raises(BadInputError, match="gradient_as_bucket_view=True"):
         read_run(trainer(L.pytorch.strategies.DDPStrategy(gradient_as_bucket_view=True)), module,
                  batch)  # fmt: skip
+
+
+def test_a_module_holding_a_qlora_model_is_read_and_measured(tmp_path):
+    """A LightningModule around a model loaded in 4 bits by transformers and wrapped by peft:
+    the copy reads each bitsandbytes layer (as the Trainer's callback does), and the measured
+    steps agree with the estimate."""
+    pytest.importorskip("bitsandbytes")
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    cfg = transformers.LlamaConfig(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, vocab_size=256, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    quant = transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")
+    base = transformers.LlamaForCausalLM.from_pretrained(
+        tmp_path, quantization_config=quant, dtype=torch.bfloat16, device_map="cpu"
+    )
+    base = peft.prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
+    lora = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+
+    class QLoRA(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = lora
+
+        def training_step(self, batch, batch_idx):
+            return self.model(**batch).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad])
+
+    cb = MemfitCallback(print_fn=lambda _: None)
+    _fit(L, cb, module=QLoRA(), dataset=_Tokens(vocab=256))
+    assert cb.estimate.trainable_parameter_count == 4096  # 2 blocks x 2 x r(128 + 128)
+    assert cb.estimate.parameter_count == 397_952  # counted as unquantized
+    assert any("NF4 base weights (bitsandbytes), read from the model: 14 linear layers" in n
+               for n in cb.estimate.notes)  # fmt: skip
+    assert abs(cb.comparison.relative) <= AGREEMENT
