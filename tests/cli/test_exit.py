@@ -33,8 +33,10 @@ def test_commands_that_run_user_code_exit_normally(tmp_path):
     assert names - FAST_EXIT == {"doctor", "profile", "find-batch"}
     # A script's exit handler runs when Python exits; os._exit would skip it.
     script = tmp_path / "train.py"
-    script.write_text("import atexit, pathlib\n"
-                      "atexit.register(pathlib.Path('log.txt').write_text, 'written at exit')\n")
+    script.write_text(
+        "import atexit, pathlib\n"
+        "atexit.register(pathlib.Path('log.txt').write_text, 'written at exit')\n"
+    )
     done = _memfit("doctor", str(script), cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "log.txt").read_text() == "written at exit"
