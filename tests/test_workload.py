@@ -58,18 +58,27 @@ def test_gpus_validation_and_fsdp_config():
     assert "FSDP over 4 GPUs" in technique_labels(Workload(gpus=4))
 
 
-def test_fsdp_mixed_precision_is_the_policy_unless_autocast_is_asked():
+def test_fsdp_mixed_precision_is_the_policy_unless_autocast_or_accelerate_is_asked():
     # With several GPUs, "-mixed" means FSDP2's MixedPrecisionPolicy: no autocast.
     policy = Workload(gpus=4, precision="bf16-mixed")
     assert policy.fsdp_param_dtype == "bfloat16" and not policy.autocast
-    asked = Workload(gpus=4, precision="fp16-mixed", fsdp_autocast=True)
+    assert policy.fsdp_reduce_dtype is None  # reduced in float32
+    asked = Workload(gpus=4, precision="fp16-mixed", fsdp_mixed="autocast")
     assert asked.fsdp_param_dtype is None and asked.autocast
+    # accelerate's: 16-bit all-gathers, reduction and output, and autocast over the forward.
+    acc = Workload(gpus=4, precision="bf16-mixed", fsdp_mixed="accelerate")
+    assert (acc.fsdp_param_dtype, acc.fsdp_reduce_dtype, acc.autocast) == (
+        "bfloat16", "bfloat16", True)  # fmt: skip
     one = Workload(precision="bf16-mixed")
     assert one.fsdp_param_dtype is None and one.autocast
-    with pytest.raises(BadInputError, match="fsdp_autocast"):
-        Workload(precision="bf16-mixed", fsdp_autocast=True)
-    with pytest.raises(BadInputError, match="fsdp_autocast"):
-        Workload(gpus=2, precision="fp32", fsdp_autocast=True)
+    with pytest.raises(BadInputError, match="fsdp_mixed"):
+        Workload(precision="bf16-mixed", fsdp_mixed="autocast")
+    with pytest.raises(BadInputError, match="fsdp_mixed"):
+        Workload(gpus=2, precision="fp32", fsdp_mixed="accelerate")
+    with pytest.raises(BadInputError, match="with ddp"):
+        Workload(gpus=2, ddp=True, precision="bf16-mixed", fsdp_mixed="accelerate")
+    with pytest.raises(BadInputError, match="'torch'"):
+        Workload(gpus=2, precision="bf16-mixed", fsdp_mixed="torch")
 
 
 def test_optimizer_follows_the_mode_unless_given():

@@ -42,7 +42,10 @@ def _write(tmp_path, text, name="accelerate.yaml"):
 
 def test_fsdp2_config_is_read(tmp_path):
     fields = read_accelerate_config(_write(tmp_path, FSDP2))
-    assert fields == {"precision": "bf16-mixed", "gpus": 2, "checkpointing": "blocks"}
+    assert fields == {"precision": "bf16-mixed", "gpus": 2, "checkpointing": "blocks",
+                      "fsdp_mixed": "accelerate"}  # fmt: skip
+    fp32 = FSDP2.replace("mixed_precision: bf16", "mixed_precision: 'no'")
+    assert "fsdp_mixed" not in read_accelerate_config(_write(tmp_path, fp32))
     offload = FSDP2.replace("fsdp_offload_params: false", "fsdp_offload_params: true")
     assert read_accelerate_config(_write(tmp_path, offload))["fsdp_cpu_offload"] is True
 
@@ -109,7 +112,9 @@ def test_cli_estimate_follows_the_config(tmp_path):
                             str(config), "--json"])  # fmt: skip
     assert r.exit_code == 0, r.output
     got = json.loads(r.output)
-    w = memfit.Workload(seq_len=64, precision="bf16-mixed", gpus=2, checkpointing="blocks")
+    w = memfit.Workload(seq_len=64, precision="bf16-mixed", gpus=2, checkpointing="blocks",
+                        fsdp_mixed="accelerate")  # fmt: skip
+    assert got["workload"]["fsdp_mixed"] == "accelerate"
     assert (
         got["peak_allocated_bytes"] == memfit.estimate(str(model), w).profile.peak_allocated_bytes
     )

@@ -37,13 +37,12 @@ from memfit.events import Category, Event, StorageRecord
 from memfit.models.loaded import is_as_loaded
 from memfit.models.sources import ModelSpec
 from memfit.models.structure import embedding_tied_to, find_repeated_blocks, input_embedding_path
-from memfit.techniques import FSDPConfig
 from memfit.techniques.activation_offload import emulated_offload, offload_for_trace
 from memfit.techniques.checkpointing import checkpoint_blocks
 from memfit.techniques.chunked_loss import chunk_loss_for_trace
 from memfit.techniques.composition import prepare_model
 from memfit.techniques.distillation_trace import for_trace as distillation_for_trace
-from memfit.techniques.fsdp import shard_model
+from memfit.techniques.fsdp import fsdp_config_of, shard_model
 from memfit.techniques.fsdp_offload import emulated_cpu_offload, mark_host_shards
 from memfit.techniques.optimizer import host_state_keys, mark_state, optimizer_for_trace
 from memfit.techniques.optimizer_in_backward import OptimizerInBackward, trace_hooks
@@ -369,7 +368,7 @@ def _traced_model(
         checkpoint_blocks(model, chosen)
     if mesh is not None:
         with fake_mode:
-            fsdp = FSDPConfig(param_dtype=w.fsdp_param_dtype, cpu_offload=w.fsdp_cpu_offload)
+            fsdp = fsdp_config_of(w)
             shard_model(model, fsdp, mesh=mesh, pin_memory=False)
     chunk_loss_for_trace(model, w)  # forward wrappers, as apply_ orders them
     fake = functools.partial(_materialize_with, fake_mode)

@@ -9,7 +9,9 @@ Read:
   `fsdp_cpu_offload`, `fsdp_activation_checkpointing` -> checkpointing="blocks";
   FSDP2 shards each transformer block, then the root, as memfit does
   (`fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP`), and frees the gathered block after its
-  forward (`fsdp_reshard_after_forward: true`);
+  forward (`fsdp_reshard_after_forward: true`); with bf16 or fp16 over several processes,
+  accelerate's mixed precision (`fsdp_mixed="accelerate"`: `MixedPrecisionPolicy` with the
+  16-bit dtype for parameters, reduction and output, and the forward under autocast);
 - `distributed_type` "MULTI_GPU": DistributedDataParallel over `num_processes` GPUs -> `gpus`
   and `ddp` (memfit.estimator.ddp: each process the whole step plus the gradient buckets).
 
@@ -74,8 +76,8 @@ def _flag(where: str, key: str, value: Any) -> bool:
 
 def read_accelerate_config(path: str | Path) -> dict[str, Any]:
     """The Workload fields an accelerate config decides: `precision`, with FSDP `gpus`,
-    `fsdp_cpu_offload`, `checkpointing`, with DDP (MULTI_GPU) `gpus` and `ddp`. What memfit
-    does not model raises BadInputError."""
+    `fsdp_mixed`, `fsdp_cpu_offload`, `checkpointing`, with DDP (MULTI_GPU) `gpus` and `ddp`.
+    What memfit does not model raises BadInputError."""
     p = Path(path)
     cfg = _load(p)
     where = str(p)
@@ -142,6 +144,8 @@ def read_accelerate_config(path: str | Path) -> dict[str, Any]:
             "not modelled; memfit models true."
         )
     fields["gpus"] = n
+    if n > 1 and fields["precision"] != "fp32":  # accelerate's FSDP2 mixed precision
+        fields["fsdp_mixed"] = "accelerate"
     if _flag(where, "fsdp_offload_params", fsdp.get("fsdp_offload_params", False)):
         fields["fsdp_cpu_offload"] = True
     if _flag(where, "fsdp_activation_checkpointing",

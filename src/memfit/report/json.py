@@ -121,6 +121,7 @@ def estimate_json(est: Estimate) -> dict[str, Any]:
             "gpu": est.gpu.name if est.gpu is not None else None,
             "gpus": w.gpus,
             "ddp": w.ddp,
+            "fsdp_mixed": w.fsdp_mixed,
             "tp": w.tp,
             "quantize": w.quantize,
             "prepare_kbit": w.prepare_kbit,

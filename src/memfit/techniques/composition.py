@@ -16,7 +16,7 @@ from memfit.techniques.chunked_loss import ChunkedLossConfig
 from memfit.techniques.distillation import DistillationConfig, config_from_workload
 from memfit.techniques.embedding_on_cpu import EmbeddingOnCpuConfig
 from memfit.techniques.freeze import FreezeConfig, freeze
-from memfit.techniques.fsdp import FSDPConfig
+from memfit.techniques.fsdp import FSDPConfig, fsdp_config_of
 from memfit.techniques.lora import add_lora_for_trace
 from memfit.techniques.optimizer import DEFAULT_LR, OptimizerConfig
 from memfit.techniques.optimizer_in_backward import OptimizerInBackwardConfig
@@ -68,11 +68,7 @@ def configs_from_workload(w: Workload, *, lr: float = DEFAULT_LR) -> list[Techni
     if w.tie_embeddings:
         out.append(TieEmbeddingsConfig())
     if w.fsdp:  # FSDP2's CPU offload shards over one GPU too
-        out.append(
-            FSDPConfig(
-                world_size=w.gpus, param_dtype=w.fsdp_param_dtype, cpu_offload=w.fsdp_cpu_offload
-            )
-        )
+        out.append(fsdp_config_of(w))
     if w.offload_activations:
         out.append(ActivationOffloadConfig(variant=str(w.offload_activations)))
     if w.chunked_loss is not None:

@@ -34,6 +34,11 @@ class FSDPConfig:
             ("bfloat16" or "float16"), gradients reduce-scattered in fp32 onto fp32 shards,
             and no autocast runs. None keeps the parameters' own dtype (autocast, if any, runs
             over fp32 all-gathers).
+        reduce_dtype: with `param_dtype`, the policy's `reduce_dtype` and `output_dtype`
+            instead of float32 and none, and autocast kept over the forward: accelerate's FSDP2
+            mixed precision (`FullyShardedDataParallelPlugin.set_mixed_precision` gives
+            param, reduce and output dtypes the 16-bit one; its native AMP wraps the forward
+            in autocast), which the HF Trainer runs.
         cpu_offload: FSDP2's `CPUOffloadPolicy`: the sharded parameters, their gradients and
             the optimizer state live in CPU memory (pinned when CUDA is there); each unit's
             shards are copied to the GPU before its all-gather and the reduce-scattered
@@ -43,13 +48,20 @@ class FSDPConfig:
     reshard_after_forward: bool = True
     world_size: int | None = None
     param_dtype: str | None = None
+    reduce_dtype: str | None = None
     cpu_offload: bool = False
 
     def __post_init__(self) -> None:
-        if self.param_dtype not in (None, *_PARAM_DTYPES):
+        for name in ("param_dtype", "reduce_dtype"):
+            if getattr(self, name) not in (None, *_PARAM_DTYPES):
+                raise BadInputError(
+                    f"FSDPConfig.{name} must be one of {list(_PARAM_DTYPES)} or None, got "
+                    f"{getattr(self, name)!r}."
+                )
+        if self.reduce_dtype is not None and self.param_dtype is None:
             raise BadInputError(
-                f"FSDPConfig.param_dtype must be one of {list(_PARAM_DTYPES)} or None, got "
-                f"{self.param_dtype!r}."
+                "FSDPConfig.reduce_dtype is part of FSDP2's MixedPrecisionPolicy and needs "
+                "param_dtype. Give param_dtype too, or drop reduce_dtype."
             )
 
     @property
@@ -59,7 +71,16 @@ class FSDPConfig:
         if self.cpu_offload:
             offload = "FSDP2 CPU offload"
             return f"FSDP over {self.world_size} GPUs, {offload}" if sharded else offload
-        return f"FSDP over {self.world_size} GPUs" if self.world_size else "FSDP2"
+        label = f"FSDP over {self.world_size} GPUs" if self.world_size else "FSDP2"
+        if self.reduce_dtype is not None:
+            label += f" ({self.reduce_dtype} all-gathers and reduction, autocast: accelerate's)"
+        return label
+
+
+def fsdp_config_of(w: Any) -> FSDPConfig:
+    """The FSDPConfig a Workload's FSDP2 (`w.fsdp`) runs."""
+    return FSDPConfig(world_size=w.gpus, param_dtype=w.fsdp_param_dtype,
+                      reduce_dtype=w.fsdp_reduce_dtype, cpu_offload=w.fsdp_cpu_offload)  # fmt: skip
 
 
 def shard_model(
@@ -90,8 +111,10 @@ def shard_model(
         return
     options: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": config.reshard_after_forward}
     if config.param_dtype is not None:
+        low = _PARAM_DTYPES[config.param_dtype]
+        reduce = _PARAM_DTYPES[config.reduce_dtype] if config.reduce_dtype else None
         options["mp_policy"] = MixedPrecisionPolicy(
-            param_dtype=_PARAM_DTYPES[config.param_dtype], reduce_dtype=torch.float32
+            param_dtype=low, reduce_dtype=reduce or torch.float32, output_dtype=reduce
         )
     if config.cpu_offload:
         pin = torch.cuda.is_available() if pin_memory is None else pin_memory
@@ -106,8 +129,9 @@ def shard_model(
 @handler
 def _fsdp(config: FSDPConfig, build: Build) -> None:
     shard_model(build.model, config)
-    if config.param_dtype is not None:
-        # FSDP2 casts the gathered parameters itself; autocast on top would be a second policy.
+    if config.param_dtype is not None and config.reduce_dtype is None:
+        # FSDP2 casts the gathered parameters itself; autocast on top would be a second policy
+        # (accelerate's, with a 16-bit reduction, keeps it).
         build.autocast_dtype = None
         remove_autocast_forward(build.model)
     build.applied.append(config.label)

@@ -40,6 +40,7 @@ from memfit.workload.choices import (
     CACHES,
     CHECKPOINTING,
     DISTILL_LOSSES,
+    FSDP_MIXED,
     MODES,
     OPTIMIZERS,
     PRECISIONS,
@@ -54,6 +55,7 @@ __all__ = [
     "CACHES",
     "CHECKPOINTING",
     "DISTILL_LOSSES",
+    "FSDP_MIXED",
     "MODES",
     "OPTIMIZERS",
     "PRECISIONS",
@@ -141,10 +143,14 @@ class Workload:
         ddp: the `gpus` run DistributedDataParallel (memfit.estimator.ddp): each holds the
             whole step plus DDP's gradient buckets (a second copy of the gradients, as
             `gradient_as_bucket_view=False`, PyTorch's default, keeps them).
-        fsdp_autocast: with `gpus` above 1 and a "-mixed" precision, run autocast over fp32
-            FSDP2 shards (fp32 all-gathers). False (the default) is what FSDP2 users write:
+        fsdp_mixed: with `gpus` above 1 and a "-mixed" precision, how FSDP2 runs it (one of
+            FSDP_MIXED). "policy" (the default) is what FSDP2 users write:
             `MixedPrecisionPolicy(param_dtype=<16-bit>, reduce_dtype=float32)`, bf16/fp16
             all-gathers and compute, fp32 gradient reduction and shards, no autocast.
+            "autocast": autocast over fp32 shards (fp32 all-gathers). "accelerate": what
+            `accelerate launch` and the HF Trainer run (accelerate's `set_mixed_precision` and
+            native AMP): `MixedPrecisionPolicy(param_dtype=, reduce_dtype=, output_dtype=
+            <16-bit>)` with the forward under autocast too.
         steps: training steps traced; the first is warm-up (optimizer state is created), the
             later ones are steady state. Two is enough for every optimizer memfit knows.
         quantize: quantized base weights, one of QUANTIZE, or None. In training the quantized
@@ -202,7 +208,7 @@ class Workload:
     tie_embeddings: bool = False
     gpus: int = 1
     ddp: bool = False
-    fsdp_autocast: bool = False
+    fsdp_mixed: str = "policy"
     steps: int = 2
     quantize: str | None = None
     prepare_kbit: bool = False
@@ -400,11 +406,13 @@ class Workload:
                 "offload_optimizer or embedding_on_cpu (FSDP2 has its own CPUOffloadPolicy). "
                 "Drop one of them."
             )
-        if self.fsdp_autocast and not (self.gpus > 1 and self.mixed):
+        check_choice("fsdp_mixed", self.fsdp_mixed, FSDP_MIXED)
+        if self.fsdp_mixed != "policy" and not (self.gpus > 1 and self.mixed and not self.ddp):
             raise BadInputError(
-                "fsdp_autocast chooses how FSDP2 runs a '-mixed' precision over several GPUs; "
-                f"it does not apply to gpus={self.gpus} with precision {self.precision!r}. "
-                "Drop it, or use gpus > 1 with bf16-mixed or fp16-mixed."
+                "fsdp_mixed chooses how FSDP2 runs a '-mixed' precision over several GPUs; "
+                f"fsdp_mixed={self.fsdp_mixed!r} does not apply to gpus={self.gpus}"
+                f"{' with ddp' if self.ddp else ''} and precision {self.precision!r}. Drop "
+                "it, or use gpus > 1 (FSDP2) with bf16-mixed or fp16-mixed."
             )
         check_quantize(self)
         check_teacher(self)
@@ -454,16 +462,22 @@ class Workload:
     @property
     def autocast(self) -> bool:
         """Whether the step runs under autocast: "-mixed", except with FSDP2's
-        MixedPrecisionPolicy (several GPUs, without `ddp` or `fsdp_autocast`), which casts
+        MixedPrecisionPolicy alone (several GPUs, `fsdp_mixed="policy"`), which casts
         instead."""
-        return self.mixed and (self.gpus == 1 or self.ddp or self.fsdp_autocast)
+        return self.mixed and (self.gpus == 1 or self.ddp or self.fsdp_mixed != "policy")
 
     @property
     def fsdp_param_dtype(self) -> str | None:
         """The dtype FSDP2's MixedPrecisionPolicy all-gathers and computes in, or None."""
-        if self.gpus > 1 and not self.ddp and self.mixed and not self.fsdp_autocast:
+        if self.gpus > 1 and not self.ddp and self.mixed and self.fsdp_mixed != "autocast":
             return self.compute_dtype_name
         return None
+
+    @property
+    def fsdp_reduce_dtype(self) -> str | None:
+        """The dtype of FSDP2's gradient reduction (and of its forward outputs) when it is not
+        the shards' float32: the 16-bit dtype with accelerate's policy, else None."""
+        return self.compute_dtype_name if self.fsdp_mixed == "accelerate" else None
 
     @property
     def pure_low_precision(self) -> bool:

@@ -154,9 +154,8 @@ def check_ddp(self: Workload) -> None:
         why = f"gpus={self.gpus}: DDP runs one process per GPU. Give gpus=N (N >= 2)"
     elif not self.training:
         why = f"mode={self.mode!r}: DDP synchronizes gradients, and there are none. Drop ddp"
-    elif self.fsdp_cpu_offload or self.fsdp_autocast:
-        option = "fsdp_cpu_offload" if self.fsdp_cpu_offload else "fsdp_autocast"
-        why = f"{option}=True, an FSDP2 option. Drop it for DDP, or drop ddp for FSDP2"
+    elif self.fsdp_cpu_offload:
+        why = "fsdp_cpu_offload=True, an FSDP2 option. Drop it for DDP, or drop ddp for FSDP2"
     elif self.optimizer_in_backward:
         why = (
             "optimizer_in_backward=True: memfit does not model DDP's fused optimizer hook. "

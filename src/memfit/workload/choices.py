@@ -38,6 +38,11 @@ ACTIVATION_OFFLOAD = ("save_on_cpu", "torchtune")
 #: with a full-precision residual), OffloadedCache (layers kept on the CPU).
 CACHES = ("dynamic", "static", "quantized", "offloaded")
 CHECKPOINTING = ("off", "blocks")
+#: How FSDP2 over several GPUs runs a "-mixed" precision (Workload.fsdp_mixed): FSDP2's
+#: MixedPrecisionPolicy with fp32 reduction and no autocast (what FSDP2 users write), autocast
+#: over fp32 shards, or accelerate's (and so the Trainer's) policy with 16-bit reduction and
+#: output under autocast.
+FSDP_MIXED = ("policy", "autocast", "accelerate")
 ATTENTION = ("sdpa", "eager")
 #: Knowledge-distillation losses (memfit.techniques.distillation): the KL divergence between
 #: teacher and student over the vocabulary, over all positions at once or over chunks of them
