@@ -29,6 +29,7 @@ from memfit.integrations._reading import (
     strip_hf_checkpointing,
 )
 from memfit.integrations._session import RunReading
+from memfit.models.structure import find_repeated_blocks
 from memfit.workload import Workload
 
 _BNB_OTHER = "bitsandbytes' {} has no memfit layout"
@@ -112,36 +113,90 @@ def _optim_value(args: Any) -> str:
     return str(getattr(optim, "value", optim))
 
 
-def read_run(args: Any, model: torch.nn.Module, optimizer: Any, batch: Any) -> RunReading:
+def _fsdp_fields(args: Any, world: int) -> dict[str, Any]:
+    """The Workload fields of the Trainer's FSDP settings (`fsdp`, `fsdp_config`, normalized by
+    TrainingArguments: keys without their `fsdp_` prefix, legacy strings turned into keys) for
+    FSDP2 over `world` processes: accelerate's mixed precision with bf16/fp16, `cpu_offload`
+    and FSDP's `activation_checkpointing`. What memfit does not model raises BadInputError."""
+    cfg = dict(getattr(args, "fsdp_config", None) or {})
+    why = ""
+    if cfg.get("xla"):
+        why = "runs XLA's FSDP (fsdp_config xla=True); memfit models CUDA GPUs"
+    elif int(cfg.get("version", 2)) != 2:
+        why = (f"runs FSDP1 (fsdp_config version {cfg.get('version')}, flat parameters); "
+               "memfit models FSDP2 (fully_shard). Set fsdp_config={'version': 2}")  # fmt: skip
+    elif str(cfg.get("auto_wrap_policy", "TRANSFORMER_BASED_WRAP")) != "TRANSFORMER_BASED_WRAP":
+        why = (f"wraps with {cfg['auto_wrap_policy']}; memfit shards each repeated block, then "
+               "the root (TRANSFORMER_BASED_WRAP)")  # fmt: skip
+    elif str(cfg.get("reshard_after_forward", True)).lower() != "true":
+        why = ("keeps the gathered blocks until backward (reshard_after_forward False, "
+               "shard_grad_op); memfit models full_shard")  # fmt: skip
+    elif world < 2:
+        why = (
+            "runs FSDP in one process; memfit models FSDP2 over several GPUs. Estimate "
+            "the launch's process count with memfit.estimate(model, Workload(gpus=N))"
+        )
+    if why:
+        raise BadInputError(f"The Trainer {why}.")
+    fields: dict[str, Any] = {}
+    if args.bf16 or args.fp16:  # accelerate: MixedPrecisionPolicy in 16 bits, and autocast
+        fields["fsdp_mixed"] = "accelerate"
+    if str(cfg.get("cpu_offload", False)).lower() == "true":
+        fields["fsdp_cpu_offload"] = True
+    if str(cfg.get("activation_checkpointing", False)).lower() == "true":
+        fields["checkpointing"] = "blocks"
+    return fields
+
+
+def read_run(args: Any, model: torch.nn.Module, optimizer: Any, batch: Any,
+             unsharded: torch.nn.Module | None = None) -> RunReading:  # fmt: skip
     """The Workload and ModelSpec of a Trainer run: `model` as the Trainer prepared it, `args`,
     the optimizer it built and its first batch. Raises BadInputError for what memfit does not
-    model (FSDP / DeepSpeed, an optimizer without a layout, ...). Several processes without
-    them are DDP: `Workload(gpus=world_size, ddp=True)`."""
-    if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
-        what = "FSDP" if getattr(args, "fsdp", None) else "DeepSpeed"
+    model (DeepSpeed, FSDP1, an optimizer without a layout, ...). Several processes are DDP
+    (`Workload(gpus=world_size, ddp=True)`), or FSDP2 with `args.fsdp`: the Trainer shards the
+    model before training begins, so `unsharded` is the callback's meta copy of it from
+    `on_init_end`, which the estimate reads instead."""
+    if getattr(args, "deepspeed", None):
         raise BadInputError(
-            f"The Trainer runs {what}; the callback reads single-process runs. Estimate the "
-            "sharded run with `memfit estimate MODEL --accelerate-config FILE` (FSDP2) or "
-            "memfit.estimate(model, Workload(gpus=N))."
+            "The Trainer runs DeepSpeed, which memfit does not model. Estimate the sharded run "
+            "with FSDP2: memfit.estimate(model, Workload(gpus=N)) or `memfit estimate MODEL "
+            "--accelerate-config FILE`."
         )
     world = int(getattr(args, "world_size", 1) or 1)
     notes: list[str] = []
-    if world > 1:  # the Trainer wraps the model in DistributedDataParallel
+    sharded = bool(getattr(args, "fsdp", None))
+    fsdp = _fsdp_fields(args, world) if sharded else {}
+    source = unsharded if sharded and unsharded is not None else model
+    if world > 1 and not sharded:  # the Trainer wraps the model in DistributedDataParallel
         for key, default in (("ddp_bucket_cap_mb", None), ("ddp_find_unused_parameters", None)):
             if getattr(args, key, default) not in (default, False):
                 notes.append(ddp_setting_note(f"{key}={getattr(args, key)!r}"))
+    wrapped = (getattr(args, "fsdp_config", None) or {}).get("transformer_layer_cls_to_wrap")
+    if sharded and wrapped:
+        blocks = {type(source.get_submodule(b)).__name__ for b in find_repeated_blocks(source)}
+        if set(wrapped) != blocks:
+            raise BadInputError(
+                f"fsdp_config transformer_layer_cls_to_wrap={list(wrapped)!r}: memfit shards "
+                f"the model's repeated blocks ({', '.join(sorted(blocks)) or 'none found'}), "
+                "then the root. Name those, or leave it out (accelerate then wraps them)."
+            )
     template = BatchTemplate.of(batch)
     autocast = "bfloat16" if args.bf16 else "float16" if args.fp16 else None
     who = "TrainingArguments(bf16=True)" if args.bf16 else "TrainingArguments(fp16=True)"
-    precision = precision_of(model, autocast, who=who)
-    checkpointing, first, ckpt_notes = checkpointing_of(model)
-    notes += ckpt_notes + model_notes(model)
+    precision = precision_of(source, autocast, who=who)
+    checkpointing, first, ckpt_notes = checkpointing_of(model)  # flags set as training begins
+    notes += ckpt_notes + model_notes(source)
     if getattr(args, "torch_compile", False):
         notes.append("torch_compile=True: memfit estimates the eager step (compiled kernels "
                      "fuse temporaries; the estimate is an upper bound for them).")  # fmt: skip
     name = optimizer_layout(optimizer)
     if name != "adamw" and _optim_value(args) == "adamw_torch" and optimizer is not None:
         notes.append(f"optimizer read from the Trainer's instance: {name}")
+    if fsdp.pop("checkpointing", None):  # FSDP's own activation checkpointing: every block
+        if checkpointing == "blocks":
+            notes.append("activation checkpointing is on both in fsdp_config and in "
+                         "TrainingArguments: memfit checkpoints each block once.")  # fmt: skip
+        checkpointing, first = "blocks", None
     workload = Workload(
         batch_size=template.batch_size,
         seq_len=template.seq_len,
@@ -151,9 +206,10 @@ def read_run(args: Any, model: torch.nn.Module, optimizer: Any, batch: Any) -> R
         checkpointing=checkpointing,
         checkpoint_first=first,
         gpus=world,
-        ddp=world > 1,
+        ddp=world > 1 and not sharded,
+        **fsdp,
     )
-    spec = spec_of_run(model, template, build=lambda: strip_hf_checkpointing(meta_copy(model)))
+    spec = spec_of_run(source, template, build=lambda: strip_hf_checkpointing(meta_copy(source)))
     return RunReading(spec=spec, workload=workload, notes=tuple(notes))
 
 

@@ -345,9 +345,10 @@ def precision_of(model: torch.nn.Module, autocast: str | None, *, who: str) -> s
 
 
 def model_notes(model: torch.nn.Module) -> list[str]:
-    """The estimate's notes on how the model is read: its bitsandbytes layers (their
-    refusals raised here, before any trace), and, when the parameters are in more than one
+    """The estimate's notes on how the model is read: its bitsandbytes layers (what cannot be
+    read is refused here, before any trace), and, when the parameters are in more than one
     dtype, how many of each, trainable and frozen, as the trace keeps them."""
+    _refuse_unreadable(model)
     return quantized_stand_ins(model, {})[1] + _dtypes_note(model)
 
 

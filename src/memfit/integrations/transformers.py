@@ -14,9 +14,10 @@ with every random generator's state saved and restored, so training draws the sa
 The callback changes nothing of the model, the arguments or the data; it only raises when the
 run will not fit.
 
-A model quantized by bitsandbytes (QLoRA) is read from its layers. Limits: FSDP and DeepSpeed
-runs are not read (a message says so and training goes on, unless `strict=True`); several
-processes otherwise are DDP; see docs/integrations.md.
+A model quantized by bitsandbytes (QLoRA) is read from its layers. Several processes are DDP,
+or FSDP2 with `fsdp` (the model is copied at `on_init_end`, before the Trainer shards it).
+Limits: DeepSpeed and FSDP1 runs are not read (a message says so and training goes on, unless
+`strict=True`); see docs/integrations.md.
 An out-of-memory error inside the measured steps leaves the Trainer before any callback runs:
 call `callback.explain_oom(error)` in an `except torch.OutOfMemoryError` around `train()`.
 """
@@ -39,6 +40,7 @@ from memfit.integrations._hf_args import (
     read_run,
     training_arguments_for,
 )
+from memfit.integrations._reading import meta_copy
 from memfit.integrations._session import Comparison, SessionResults, WontFitError
 
 __all__ = [
@@ -69,13 +71,28 @@ class MemfitCallback(SessionResults, transformers.TrainerCallback):
     After training: `estimate`, `plan` (when it did not fit), `comparison`.
     """
 
+    _unsharded: Any = None
+    _unsharded_error: BadInputError | None = None
+
+    def on_init_end(self, args, state, control, model=None, **kwargs):
+        # With FSDP the Trainer shards the model as training begins (accelerate's prepare, in
+        # place): the estimate reads a meta copy made now, before it is sharded.
+        if getattr(args, "fsdp", None) and model is not None:
+            try:
+                self._unsharded = meta_copy(model)
+            except BadInputError as e:
+                self._unsharded_error = e
+
     def on_train_begin(self, args, state, control, model=None, optimizer=None,
                        train_dataloader=None, **kwargs):  # fmt: skip
         s = self.session
         try:
             if model is None or train_dataloader is None:
                 raise BadInputError("The Trainer passed no model or train dataloader.")
-            reading = read_run(args, model, optimizer, first_batch(train_dataloader))
+            if self._unsharded_error is not None:
+                raise self._unsharded_error
+            reading = read_run(args, model, optimizer, first_batch(train_dataloader),
+                               unsharded=self._unsharded)  # fmt: skip
             s.run_estimate(reading, args.device)
         except (BadInputError, TraceError) as e:
             if self.strict:
