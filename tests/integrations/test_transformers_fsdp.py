@@ -31,8 +31,8 @@ class _TwoProcesses(transformers.TrainingArguments):
 
 def _args(tmp_path, cls=_TwoProcesses, **kw):
     kw.setdefault("fsdp", True)
-    return cls(str(tmp_path), per_device_train_batch_size=BATCH, max_steps=2, use_cpu=True,
-               report_to=[], save_strategy="no", **kw)  # fmt: skip
+    kw.setdefault("per_device_train_batch_size", BATCH)
+    return cls(str(tmp_path), max_steps=2, use_cpu=True, report_to=[], save_strategy="no", **kw)
 
 
 def _llama() -> torch.nn.Module:
@@ -117,3 +117,21 @@ def test_deepspeed_is_refused(tmp_path):
     args.deepspeed = {"zero_optimization": {"stage": 3}}  # as TrainingArguments(deepspeed=...)
     with pytest.raises(BadInputError, match="DeepSpeed, which memfit does not model"):
         read_run(args, _llama(), None, _batch())
+
+
+def test_a_plan_over_several_gpus_is_written_as_fsdp_arguments(tmp_path):
+    from memfit.integrations.transformers import training_arguments_for
+
+    args = _args(tmp_path, cls=transformers.TrainingArguments, fsdp=None)
+    w = memfit.Workload(batch_size=2, seq_len=SEQ, gpus=2, precision="bf16-mixed",
+                        fsdp_mixed="accelerate", fsdp_cpu_offload=True)  # fmt: skip
+    new = training_arguments_for(w, args)
+    assert new.fsdp is True and new.bf16 is True and new.per_device_train_batch_size == 2
+    assert new.fsdp_config["version"] == 2 and new.fsdp_config["cpu_offload"] is True
+    assert not args.fsdp  # the original is left alone
+    # Read back as the callback reads it, the arguments are the plan's Workload.
+    two = _args(tmp_path, fsdp=new.fsdp, fsdp_config=new.fsdp_config, bf16=True,
+                per_device_train_batch_size=2)  # fmt: skip
+    ids = torch.zeros(2, SEQ, dtype=torch.long)
+    reading = read_run(two, _llama(), None, {"input_ids": ids, "labels": ids})
+    assert reading.workload == w.with_(optimizer="none")

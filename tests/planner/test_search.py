@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 import memfit
 from memfit.cli.app import app
 from memfit.planner.limits import max_batch
+from memfit.planner.render import apply_code
 from memfit.planner.search import Goal, plan
 from memfit.techniques import labels as technique_labels
 
@@ -161,6 +162,19 @@ def test_plan_over_two_gpus_shards_with_fsdp():
     est = memfit.estimate("gpt2", w, gpu="t4")
     assert est.profile.peak_allocated_bytes == p.best.estimate.profile.peak_allocated_bytes
     assert "FSDP over 2 GPUs" in technique_labels(w)
+
+
+def test_a_goal_for_accelerate_plans_its_fsdp_mixed_precision():
+    """Goal(fsdp_mixed="accelerate") (the HF Trainer's callback asks it): the plan's mixed
+    workloads over several GPUs run FSDP2 as accelerate does, and are estimated so."""
+    goal = Goal(global_batch=8, seq_len=128, precision="bf16-mixed", fsdp_mixed="accelerate")
+    p = plan("gpt2", gpu="a100-80gb", goal=goal, n_gpus=2, forbid=("adafactor",))
+    assert p.best is not None and p.best.workload.fsdp_mixed == "accelerate"
+    est = memfit.estimate("gpt2", p.best.workload)
+    assert est.profile.peak_allocated_bytes == p.best.estimate.profile.peak_allocated_bytes
+    assert "fsdp_mixed='accelerate'" in apply_code(p.best, "gpt2", "a100-80gb")
+    with pytest.raises(memfit.BadInputError, match="fsdp_mixed"):
+        Goal(global_batch=8, fsdp_mixed="deepspeed")
 
 
 def test_nothing_fits_without_pure_precision_widens_the_search_and_says_so():

@@ -250,8 +250,13 @@ def argument_changes(w: Workload, args: Any) -> tuple[dict[str, Any], list[str],
             f"memfit's plan checkpoints the first {w.checkpoint_first} blocks; {ckpt}=True "
             "checkpoints every block (less memory, more recomputation)"
         )
+    if w.fsdp:
+        put("fsdp", True)
+        config = {"version": 2, "cpu_offload": w.fsdp_cpu_offload}
+        now = {k: (getattr(args, "fsdp_config", None) or {}).get(k) for k in config}
+        if not getattr(args, "fsdp", None) or now != config:
+            changes["fsdp_config"] = {**(getattr(args, "fsdp_config", None) or {}), **config}
     if w.gpus > 1:
-        put("fsdp", "full_shard" + (" offload" if w.fsdp_cpu_offload else ""))
         notes.append(f"launch {w.gpus} processes (accelerate launch --num_processes {w.gpus})")
     if w.lora is not None:
         other.append(f"train LoRA adapters of rank {w.lora.rank} (peft.get_peft_model)")
@@ -303,7 +308,7 @@ def training_arguments_for(plan: Any, args: Any) -> Any:
 def current_arguments(args: Any) -> dict[str, Any]:
     """The TrainingArguments fields `argument_changes` may change, as they are now."""
     keys = ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16",
-            "optim_args", _checkpointing_field(args), "fsdp")  # fmt: skip
+            "optim_args", _checkpointing_field(args), "fsdp", "fsdp_config")  # fmt: skip
     now = {k: getattr(args, k, None) for k in keys}
     now["optim"] = _optim_value(args)
     return now

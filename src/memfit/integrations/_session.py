@@ -136,11 +136,13 @@ class Session:
         self,
         describe: Callable[[Workload], tuple[dict[str, Any], list[str], list[str]]],
         current: Callable[[], dict[str, Any]],
+        fsdp_mixed: str = "policy",
     ) -> None:
         """When the estimate does not fit its GPU: plan, and raise WontFitError naming the
         trainer settings to change (`describe(workload)` gives them, notes on them, and what
         the settings cannot express; `current()` the settings now), or only print it when
-        `stop` is False."""
+        `stop` is False. `fsdp_mixed`: how the trainer's FSDP2 runs a "-mixed" precision
+        (the Trainer's, through accelerate: "accelerate")."""
         est = self.estimate
         if est is None or est.fits is not False:
             return
@@ -149,7 +151,8 @@ class Session:
         per_gpu = w.batch_size * w.grad_accum
 
         def plan_keeping(optimizer: str | None) -> Plan:
-            goal = Goal(global_batch=per_gpu * w.gpus, seq_len=w.seq_len, optimizer=optimizer)
+            goal = Goal(global_batch=per_gpu * w.gpus, seq_len=w.seq_len, optimizer=optimizer,
+                        fsdp_mixed=fsdp_mixed)  # fmt: skip
             assert self.reading is not None
             return plan(self.reading.spec, gpu=est.gpu.name, goal=goal, n_gpus=w.gpus,
                         forbid=NOT_TRAINER_SETTINGS)  # fmt: skip

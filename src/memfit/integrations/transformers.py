@@ -99,7 +99,8 @@ class MemfitCallback(SessionResults, transformers.TrainerCallback):
                 raise
             s.print_fn(f"memfit: this run was not estimated: {e}")
             return
-        s.check_fit(lambda w: argument_changes(w, args), lambda: current_arguments(args))
+        s.check_fit(lambda w: argument_changes(w, args), lambda: current_arguments(args),
+                    fsdp_mixed="accelerate")  # fmt: skip
 
     def on_step_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         s = self.session

@@ -53,6 +53,8 @@ def apply_code(c: Candidate, model: str, gpu: str) -> str:
     head = ""
     if w.gpus > 1:
         fields.append(f"gpus={w.gpus}")
+        if w.fsdp_mixed != "policy":
+            fields.append(f"fsdp_mixed={w.fsdp_mixed!r}")
         head = (
             f"# launch: torchrun --nproc-per-node {w.gpus} train.py; in it, before apply_:\n"
             "# torch.distributed.init_process_group(); torch.cuda.set_device(local_rank)\n"

@@ -9,7 +9,7 @@ from typing import Any
 from memfit.errors import BadInputError
 from memfit.estimator.estimate import Estimate
 from memfit.planner.cost import StepCost
-from memfit.workload import Workload
+from memfit.workload import FSDP_MIXED, Workload, check_choice
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,6 +24,9 @@ class Goal:
         optimizer: keep this optimizer (None: the planner may choose).
         teacher: distill from this teacher (a model source, as Workload.teacher); the plan
             searches the distillation's options too (memfit.planner.shapes.distillations).
+        fsdp_mixed: how FSDP2 over several GPUs runs a "-mixed" precision in the launch the
+            plan is for (Workload.fsdp_mixed): "policy", or "accelerate" for `accelerate
+            launch` and the HF Trainer.
     """
 
     global_batch: int
@@ -32,6 +35,7 @@ class Goal:
     precision: str | None = None
     optimizer: str | None = None
     teacher: str | None = None
+    fsdp_mixed: str = "policy"
 
     def __post_init__(self) -> None:
         gb = self.global_batch
@@ -40,6 +44,7 @@ class Goal:
                 f"global_batch must be a positive integer, got {gb!r}. "
                 "Pass e.g. Goal(global_batch=32)."
             )
+        check_choice("fsdp_mixed", self.fsdp_mixed, FSDP_MIXED)
         # Validate the fixed choices with Workload's own checks.
         Workload(
             seq_len=self.seq_len,

@@ -134,9 +134,15 @@ class _Search:
             offload_activations=shape.offload_activations,
             chunked_loss=shape.chunked_loss,
             fsdp_cpu_offload=shape.fsdp_offload,
+            fsdp_mixed=self.fsdp_mixed(shape),
             host_memory=self.host_memory,
             **shape.distillation(self.goal),
         )
+
+    def fsdp_mixed(self, shape: Shape) -> str:
+        """The goal's FSDP2 mixed precision, where it applies (FSDP over several GPUs)."""
+        sharded = self.n_gpus > 1 and shape.precision.endswith("-mixed")
+        return self.goal.fsdp_mixed if sharded else "policy"
 
     def prefetch(self, pairs: list[tuple[Shape, int]]) -> None:
         """Trace (shape, micro-batch) pairs the search is about to evaluate, side by side
