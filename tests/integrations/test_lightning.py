@@ -145,6 +145,19 @@ def test_a_ddp_strategy_is_read_as_ddp_and_fsdp_is_refused():
                  batch)  # fmt: skip
 
 
+def test_a_plan_over_several_gpus_names_fsdp2_not_lightnings_fsdp1():
+    from types import SimpleNamespace
+
+    from memfit.integrations._lightning_hooks import argument_changes
+
+    trainer = SimpleNamespace(accumulate_grad_batches=1, precision="32-true")
+    now = memfit.Workload(batch_size=8, seq_len=SEQ)
+    w = memfit.Workload(batch_size=2, seq_len=SEQ, grad_accum=2, gpus=2)
+    changes, _notes, other = argument_changes(w, trainer, now)
+    assert changes == {"batch_size": 2, "accumulate_grad_batches": 2, "devices": 2}
+    assert any("ModelParallelStrategy()" in o and "FSDP1" in o for o in other)
+
+
 def test_a_module_holding_a_qlora_model_is_read_and_measured(tmp_path):
     """A LightningModule around a model loaded in 4 bits by transformers and wrapped by peft:
     the copy reads each bitsandbytes layer (as the Trainer's callback does), and the measured

@@ -255,6 +255,11 @@ def argument_changes(
             "transformers model, or torch.utils.checkpoint in the module)"
         )
     if w.gpus > 1:
-        changes["strategy"] = "fsdp"
         changes["devices"] = w.gpus
+        if w.fsdp:  # Lightning's strategy="fsdp" is FSDP1 (flat parameters): not memfit's
+            other.append(
+                f"shard with FSDP2 over {w.gpus} GPUs: strategy=ModelParallelStrategy() and "
+                "torch.distributed.fsdp.fully_shard on each repeated block, then the module, "
+                "in configure_model (Lightning's strategy='fsdp' is FSDP1, not modelled)"
+            )
     return changes, notes, other
