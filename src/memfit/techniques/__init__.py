@@ -16,6 +16,7 @@ from memfit.techniques.activation_offload import ActivationOffloadConfig
 from memfit.techniques.checkpointing import CheckpointConfig
 from memfit.techniques.chunked_loss import ChunkedLossConfig
 from memfit.techniques.composition import TechniqueConfig, configs_from_workload, labels
+from memfit.techniques.data_parallel import DDPConfig
 from memfit.techniques.distillation import DistillationConfig
 from memfit.techniques.embedding_on_cpu import EmbeddingOnCpuConfig
 from memfit.techniques.freeze import FreezeConfig
@@ -32,6 +33,7 @@ __all__ = [
     "ActivationOffloadConfig",
     "CheckpointConfig",
     "ChunkedLossConfig",
+    "DDPConfig",
     "DistillationConfig",
     "EmbeddingOnCpuConfig",
     "FSDPConfig",

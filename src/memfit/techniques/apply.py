@@ -31,6 +31,7 @@ from memfit.techniques.activation_offload import ActivationOffloadConfig
 from memfit.techniques.checkpointing import CheckpointConfig
 from memfit.techniques.chunked_loss import ChunkedLossConfig
 from memfit.techniques.composition import TechniqueConfig, configs_from_workload
+from memfit.techniques.data_parallel import DDPConfig
 from memfit.techniques.distillation import DistillationConfig
 from memfit.techniques.embedding_on_cpu import EmbeddingOnCpuConfig, move_model
 from memfit.techniques.freeze import FreezeConfig
@@ -56,6 +57,7 @@ _ORDER = (
     CheckpointConfig,
     FSDPConfig,
     ActivationOffloadConfig,  # outermost forward wrapper: all of forward is offloaded
+    DDPConfig,  # wraps the final model
     AccumulationConfig,
     OptimizerConfig,
     OptimizerInBackwardConfig,  # after OptimizerConfig: it steps that optimizer in backward
@@ -133,7 +135,7 @@ def apply_(
     if defaulted_lr:
         notes.insert(0, f"learning rate: memfit's default {DEFAULT_LR:g} (pass apply_(..., lr=)).")
     return TrainSetup(
-        model=model,
+        model=build.step_model if build.step_model is not None else model,
         optimizer=build.optimizer,
         scaler=build.scaler,
         autocast_dtype=build.autocast_dtype,
@@ -148,12 +150,6 @@ def apply_(
 def _configs(obj: Any, lr: float) -> list[TechniqueConfig]:
     if isinstance(obj, _ORDER):
         return [obj]
-    if isinstance(obj, Workload) and obj.ddp:
-        raise BadInputError(
-            f"apply_ does not wrap a model in DistributedDataParallel (ddp=True, gpus="
-            f"{obj.gpus}). In each process, apply_ the workload with ddp=False and gpus=1, "
-            "then wrap the model: torch.nn.parallel.DistributedDataParallel(model)."
-        )
     if isinstance(obj, Workload):
         return configs_from_workload(obj, lr=lr)
     workload = getattr(obj, "workload", None)

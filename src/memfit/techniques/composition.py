@@ -13,6 +13,7 @@ from memfit.techniques.accumulation import AccumulationConfig
 from memfit.techniques.activation_offload import ActivationOffloadConfig
 from memfit.techniques.checkpointing import CheckpointConfig
 from memfit.techniques.chunked_loss import ChunkedLossConfig
+from memfit.techniques.data_parallel import DDPConfig
 from memfit.techniques.distillation import DistillationConfig, config_from_workload
 from memfit.techniques.embedding_on_cpu import EmbeddingOnCpuConfig
 from memfit.techniques.freeze import FreezeConfig, freeze
@@ -35,6 +36,7 @@ TechniqueConfig = (
     | EmbeddingOnCpuConfig
     | TieEmbeddingsConfig
     | FSDPConfig
+    | DDPConfig
     | LoraConfig
     | QuantizeConfig
     | ActivationOffloadConfig
@@ -69,6 +71,8 @@ def configs_from_workload(w: Workload, *, lr: float = DEFAULT_LR) -> list[Techni
         out.append(TieEmbeddingsConfig())
     if w.fsdp:  # FSDP2's CPU offload shards over one GPU too
         out.append(fsdp_config_of(w))
+    if w.ddp:
+        out.append(DDPConfig(world_size=w.gpus))
     if w.offload_activations:
         out.append(ActivationOffloadConfig(variant=str(w.offload_activations)))
     if w.chunked_loss is not None:
@@ -84,10 +88,7 @@ def configs_from_workload(w: Workload, *, lr: float = DEFAULT_LR) -> list[Techni
 def labels(w: Workload) -> list[str]:
     """The memory techniques `w` uses, as reports name them (each config's `label`; the
     precision and the optimizer are reported on their own)."""
-    out = [c.label for c in configs_from_workload(w) if c.label]
-    if w.ddp:  # not a config: apply_ leaves the wrapping to the user (memfit.estimator.ddp)
-        out.append(f"DDP over {w.gpus} GPUs (gradient buckets)")
-    return out
+    return [c.label for c in configs_from_workload(w) if c.label]
 
 
 def prepare_model(model: torch.nn.Module, w: Workload, spec: ModelSpec) -> torch.nn.Module:

@@ -33,6 +33,8 @@ class Build:
     #: function a technique sets (DistillationConfig: the KD loss, running the teacher).
     teacher: torch.nn.Module | None = None
     loss_fn: Any = None
+    #: The module the step calls when a technique wraps the model (DDPConfig), else None.
+    step_model: torch.nn.Module | None = None
     applied: list[str] = field(default_factory=list)
     #: What the model does not carry and the training loop must do (TrainSetup does it).
     left_to_caller: list[str] = field(default_factory=list)

@@ -30,6 +30,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from memfit.errors import BadInputError
+from memfit.techniques.data_parallel import unwrap
 from memfit.techniques.weights_io import save_weights
 
 
@@ -187,7 +188,7 @@ class TrainSetup:
         """Save the weights as safetensors, loadable into the unmodified model
         (`memfit.load_weights`): LoRA merged, tied tensors stored once."""
 
-        save_weights(self.model, path)
+        save_weights(unwrap(self.model), path)
 
 
 def call_model(model: torch.nn.Module, batch: Any) -> Any:
