@@ -174,3 +174,18 @@ def test_apply_wraps_in_ddp_and_the_measured_step_is_the_estimate() -> None:
     # Measured 105,043,968 B against 105,035,264 B: the caller's whole batch (4 rows) is alive
     # beside the micro-batch the estimate holds.
     assert abs(got.peak_allocated_bytes - want) <= 0.001 * want
+
+
+def test_the_cost_model_all_reduces_the_buckets_once_a_step(tmp_path) -> None:
+    from memfit.planner.work import work_of
+
+    spec = resolve_model(tiny_llama_config(tmp_path))
+    w = memfit.Workload(seq_len=16, batch_size=2, grad_accum=2, gpus=4, ddp=True)
+    est = memfit.estimate(spec, w, gpu="a100-80gb")
+    rec = est.records_summary
+    grads = 4 * est.trainable_parameter_count  # fp32 gradients; the buckets copy them
+    assert rec["ddp_buckets"] >= grads and rec["gradients"] >= grads
+    # Gradients are counted once for the update, not with their bucket copy.
+    assert rec["gradients"] < grads + 512 * len(list(spec.build(None, "sdpa").parameters()))
+    # A ring all-reduce of the buckets: 2 (N - 1) / N of them, once (no_sync accumulates).
+    assert work_of(est).sharded_bytes_per_step == 2 * 3 * rec["ddp_buckets"] // 4

@@ -149,7 +149,7 @@ def test_plan_over_two_gpus_shards_with_fsdp():
     """--gpus 2: the global batch is split over the ranks, the model sharded (FSDP2 traced over
     a fake process group); the recommendation's estimate is that of one rank."""
     p = plan("gpt2", gpu="t4", goal=Goal(global_batch=8, seq_len=256), n_gpus=2,
-             forbid=("adafactor",))  # fmt: skip
+             forbid=("adafactor", "ddp"))  # fmt: skip
     assert p.best is not None
     w = p.best.workload
     assert w.gpus == 2 and w.batch_size * w.grad_accum == 4
@@ -162,6 +162,20 @@ def test_plan_over_two_gpus_shards_with_fsdp():
     est = memfit.estimate("gpt2", w, gpu="t4")
     assert est.profile.peak_allocated_bytes == p.best.estimate.profile.peak_allocated_bytes
     assert "FSDP over 2 GPUs" in technique_labels(w)
+
+
+def test_over_pcie_gpus_ddp_wins_when_the_whole_model_fits():
+    """Two T4s (PCIe, no NVLink): FSDP2's all-gathers cost more than DDP's one all-reduce, and
+    the whole gpt2 fits each GPU, so the plan runs DDP; its estimate holds the buckets."""
+    p = plan("gpt2", gpu="t4", goal=Goal(global_batch=8, seq_len=256), n_gpus=2,
+             forbid=("adafactor",))  # fmt: skip
+    assert p.best is not None and p.best.workload.ddp and p.best.workload.gpus == 2
+    est = memfit.estimate("gpt2", p.best.workload, gpu="t4")
+    assert est.profile.peak_allocated_bytes == p.best.estimate.profile.peak_allocated_bytes
+    assert "DDP over 2 GPUs (gradient buckets)" in technique_labels(p.best.workload)
+    assert "ddp=True" in apply_code(p.best, "gpt2", "t4")
+    sharded = [c for c in p.pareto if not c.workload.ddp]
+    assert sharded and all(c.device_total_bytes < p.best.device_total_bytes for c in sharded)
 
 
 def test_a_goal_for_accelerate_plans_its_fsdp_mixed_precision():
@@ -196,3 +210,18 @@ def test_nothing_fits_without_pure_precision_widens_the_search_and_says_so():
     text = " ".join(refused.suggestions)
     assert "not modelled" not in text
     assert "--gpus 2" in text and "--allow lora" in text and "--allow pure-precision" not in text
+
+
+def test_ddp_shapes_are_heavier_than_their_fsdp_ones():
+    from dataclasses import replace
+
+    from memfit.planner.shapes import Shape, heavier, with_ddp
+
+    fsdp = Shape("bf16-mixed", "adamw", "off", False, False)
+    ddp = replace(fsdp, ddp=True)
+    assert heavier(ddp, fsdp) and not heavier(fsdp, ddp)
+    assert with_ddp([fsdp], {"ddp"}, 1) == [fsdp]  # one GPU: nothing to choose
+    assert with_ddp([fsdp], set(), 2) == [fsdp]  # --forbid ddp
+    assert with_ddp([fsdp], {"ddp"}, 2) == [ddp, fsdp]  # faster first
+    in_backward = replace(fsdp, in_backward=True)
+    assert with_ddp([in_backward], {"ddp"}, 2) == [in_backward]

@@ -20,6 +20,7 @@ from memfit.cuda.allocator_config import AllocatorConfig, cuda_block_size
 from memfit.cuda.allocator_replay import AllocatorResult, simulate
 from memfit.cuda.overhead import cublas_workspace_bytes, device_overhead
 from memfit.cuda.target import DEFAULT_GPU, get_gpu
+from memfit.estimator.ddp import BUCKET_OP
 from memfit.estimator.host_memory import host_memory
 from memfit.estimator.step_runner import traced_micro_batches
 from memfit.events import ALLOC, FREE, Category, Event, StorageRecord
@@ -82,9 +83,10 @@ def summarize(
     """Device bytes of the step's state, for the cost model.
 
     parameters and optimizer state as allocated; gradients of the last step (each step
-    allocates them anew); the input embedding's output of one micro-batch (what crosses PCIe
-    when the embedding runs on the CPU); the bytes saved to the host in one micro-batch's
-    forward (offloaded activations: they come back in backward).
+    allocates them anew), DDP's buckets of it apart; the input embedding's output of one
+    micro-batch (what crosses PCIe when the embedding runs on the CPU); the bytes saved to
+    the host in one micro-batch's forward (offloaded activations: they come back in
+    backward).
     """
 
     last = max((r.step for r in records.values()), default=0)
@@ -98,6 +100,7 @@ def summarize(
             "offloaded_activations",
             "paged_optimizer_state",
             "host_parameters",
+            "ddp_buckets",
         ),
         0,
     )
@@ -109,6 +112,8 @@ def summarize(
             out["host_parameters"] += r.nbytes
         elif r.category == "parameters":
             out["parameters"] += size
+        elif r.op == BUCKET_OP and r.step == last:  # DDP's second copy of the gradients
+            out["ddp_buckets"] += size
         elif r.category == "gradients" and not r.host and r.step == last:
             out["gradients"] += size
         elif r.category == "optimizer_state" and r.paged:

@@ -250,6 +250,8 @@ def argument_changes(w: Workload, args: Any) -> tuple[dict[str, Any], list[str],
             f"memfit's plan checkpoints the first {w.checkpoint_first} blocks; {ckpt}=True "
             "checkpoints every block (less memory, more recomputation)"
         )
+    if not w.fsdp and getattr(args, "fsdp", None):  # DDP (or one GPU) instead of FSDP
+        changes["fsdp"] = False
     if w.fsdp:
         put("fsdp", True)
         config = {"version": 2, "cpu_offload": w.fsdp_cpu_offload}

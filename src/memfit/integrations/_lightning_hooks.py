@@ -256,6 +256,8 @@ def argument_changes(
         )
     if w.gpus > 1:
         changes["devices"] = w.gpus
+        if w.ddp and not type(getattr(trainer, "strategy", None)).__name__.startswith("DDP"):
+            changes["strategy"] = "ddp"
         if w.fsdp:  # Lightning's strategy="fsdp" is FSDP1 (flat parameters): not memfit's
             other.append(
                 f"shard with FSDP2 over {w.gpus} GPUs: strategy=ModelParallelStrategy() and "

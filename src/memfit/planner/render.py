@@ -53,6 +53,8 @@ def apply_code(c: Candidate, model: str, gpu: str) -> str:
     head = ""
     if w.gpus > 1:
         fields.append(f"gpus={w.gpus}")
+        if w.ddp:
+            fields.append("ddp=True")
         if w.fsdp_mixed != "policy":
             fields.append(f"fsdp_mixed={w.fsdp_mixed!r}")
         head = (

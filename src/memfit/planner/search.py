@@ -68,6 +68,7 @@ from memfit.planner.shapes import (
     offload_shapes,
     placements,
     shapes,
+    with_ddp,
 )
 from memfit.planner.work import work_of
 from memfit.workload import LoraConfig, Workload
@@ -78,7 +79,7 @@ def _shape_of(w: Workload) -> Shape:
         w.precision, w.optimizer, w.checkpointing, w.lora is not None, w.tie_embeddings,
         quantize=w.quantize, in_backward=w.optimizer_in_backward,
         offload_activations=w.offload_activations, chunked_loss=w.chunked_loss,
-        fsdp_offload=w.fsdp_cpu_offload, distill=distillation_of(w),
+        fsdp_offload=w.fsdp_cpu_offload, distill=distillation_of(w), ddp=w.ddp,
     )  # fmt: skip
 
 
@@ -134,6 +135,7 @@ class _Search:
             offload_activations=shape.offload_activations,
             chunked_loss=shape.chunked_loss,
             fsdp_cpu_offload=shape.fsdp_offload,
+            ddp=shape.ddp,
             fsdp_mixed=self.fsdp_mixed(shape),
             host_memory=self.host_memory,
             **shape.distillation(self.goal),
@@ -141,7 +143,7 @@ class _Search:
 
     def fsdp_mixed(self, shape: Shape) -> str:
         """The goal's FSDP2 mixed precision, where it applies (FSDP over several GPUs)."""
-        sharded = self.n_gpus > 1 and shape.precision.endswith("-mixed")
+        sharded = self.n_gpus > 1 and not shape.ddp and shape.precision.endswith("-mixed")
         return self.goal.fsdp_mixed if sharded else "policy"
 
     def prefetch(self, pairs: list[tuple[Shape, int]]) -> None:
@@ -238,7 +240,8 @@ def _explore(
     micro_all = divisors(per_gpu) if "micro-batch" in allowed else [per_gpu]
     failed: list[Shape] = []
     best_seconds = float("inf")
-    todo = [s for s in stage(goal, allowed, gpu_obj, spec) if s not in skip]
+    todo = [s for s in with_ddp(stage(goal, allowed, gpu_obj, spec), allowed, n_gpus)
+            if s not in skip]  # fmt: skip
 
     def micro_of(shape: Shape) -> list[int]:
         # The step in backward cannot accumulate: the micro-batch is the per-GPU batch.

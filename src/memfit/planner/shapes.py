@@ -29,7 +29,7 @@ optimizer; the later stages use the lightest allowed.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memfit.errors import BadInputError, closest
@@ -50,6 +50,8 @@ TECHNIQUES = {
     "the distillation KL over chunks (chunked-kl)",
     "offload": "optimizer state and update on the CPU",
     "fsdp-offload": "FSDP2 CPU offload of parameters, gradients and optimizer state",
+    "ddp": "with several GPUs, DistributedDataParallel: the whole model on each GPU (no "
+    "sharding), one gradient all-reduce per step, instead of FSDP2",
     "cpu-embedding": "input embedding table on the CPU",
     "tied-embeddings": "share the input embedding with the output projection (changes the model)",
     "lora": "train LoRA adapters on a frozen base (changes what is trained)",
@@ -126,6 +128,8 @@ class Shape:
     chunked_loss: int | None = None
     fsdp_offload: bool = False
     distill: Distillation = field(default=PLAIN)
+    #: With several GPUs: DistributedDataParallel instead of FSDP2.
+    ddp: bool = False
 
     def distillation(self, goal: Any) -> dict[str, Any]:
         """The Workload fields of the goal's teacher and this shape's distillation ({} without
@@ -196,6 +200,7 @@ def heavier(a: Shape, b: Shape) -> bool:
         and (not a.offload_activations or a.offload_activations == b.offload_activations)
         and (a.chunked_loss is None or b.chunked_loss is not None)
         and (not a.fsdp_offload or b.fsdp_offload)
+        and (a.ddp or not b.ddp)  # a whole model per GPU holds more than its shard
         and (not a.distill.chunked or b.distill.chunked)
         and _teacher_heavier(a.distill, b.distill)
     )
@@ -221,7 +226,7 @@ def _sorted(shapes: list[Shape]) -> list[Shape]:
     # plan found early bounds the rest, and a light shape that fails rules out the heavier ones.
     # Offline logits run no teacher (faster); a quantized teacher dequantizes (slower).
     return sorted(shapes, key=lambda s: (
-        s.precision == "fp32", s.fsdp_offload, bool(s.offload_activations),
+        s.precision == "fp32", s.fsdp_offload, bool(s.offload_activations), not s.ddp,
         s.distill.teacher_top_k is None, s.checkpointing != "off",
         s.distill.teacher_quantize is not None, s.distill.chunked,
         _PRECISION_WEIGHT[s.precision] + _OPTIMIZER_WEIGHT[s.optimizer] - s.lora - s.tied,
@@ -270,6 +275,15 @@ def shapes(goal: Any, allowed: set[str], gpu: Any, spec: ModelSpec) -> list[Shap
         for c, (lora, q), t, d in itertools.product(ckpt, adapters[1:], tied, kinds):
             out.append(Shape("bf16-true", usual, c, lora, t, quantize=q, distill=d))
     return _sorted(out)
+
+
+def with_ddp(shapes: list[Shape], allowed: set[str], n_gpus: int) -> list[Shape]:
+    """`shapes` and, over several GPUs with "ddp" allowed, each of them under DDP instead of
+    FSDP2 (not the step in backward, whose hooks memfit does not combine with DDP's)."""
+    if n_gpus < 2 or "ddp" not in allowed:
+        return shapes
+    ddp = [replace(s, ddp=True) for s in shapes if not (s.in_backward or s.fsdp_offload)]
+    return _sorted(shapes + ddp)
 
 
 def distillations(goal: Any, allowed: set[str], *, lightest: bool = False) -> list[Distillation]:

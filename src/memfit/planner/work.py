@@ -55,13 +55,21 @@ def work_of(est: Estimate) -> StepWork:
         if w.embedding_on_cpu
         else 0,
         n_gpus=w.gpus,
-        # FSDP2 all-gathers each shard in every micro-batch's forward and backward and
-        # reduce-scatters the gradients once: each GPU receives (N - 1) shards each time.
-        sharded_bytes_per_step=(2 * w.grad_accum + 1) * rec["parameters"] * (w.gpus - 1)
-        if w.fsdp
-        else 0,
+        sharded_bytes_per_step=_collective_bytes(w, rec),
         **terms,
     )
+
+
+def _collective_bytes(w: Any, rec: dict[str, int]) -> int:
+    """Bytes each GPU moves in the step's collectives. FSDP2 all-gathers each shard in every
+    micro-batch's forward and backward and reduce-scatters the gradients once: each GPU
+    receives (N - 1) shards each time. DDP all-reduces its buckets once a step (no_sync on
+    the other micro-batches); a ring all-reduce sends and receives 2 (N - 1) / N of them."""
+    if w.fsdp:
+        return (2 * w.grad_accum + 1) * rec["parameters"] * (w.gpus - 1)
+    if w.ddp:
+        return 2 * (w.gpus - 1) * rec.get("ddp_buckets", 0) // w.gpus
+    return 0
 
 
 def lean_work(est: Estimate) -> dict[str, int]:
