@@ -144,20 +144,15 @@ class BatchTemplate:
 
     def has_key(self, key: str) -> bool:
         """Whether a mapping of the batch (at any depth) has `key`."""
-        found = False
 
-        def look(node: Any) -> None:
-            nonlocal found
+        def look(node: Any) -> bool:
             if isinstance(node, dict):
-                found = found or key in node
-                for v in node.values():
-                    look(v)
-            elif isinstance(node, (list, tuple)):
-                for v in node:
-                    look(v)
+                return key in node or any(look(v) for v in node.values())
+            if isinstance(node, (list, tuple)):
+                return any(look(v) for v in node)
+            return False
 
-        look(self.structure)
-        return found
+        return look(self.structure)
 
     def make(self, batch_size: int, seq_len: int | None = None) -> Any:
         """A batch of the template's structure with `batch_size` rows; with `seq_len`, every

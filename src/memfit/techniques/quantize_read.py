@@ -29,8 +29,6 @@ from memfit.techniques.quantize_trace import QuantizedLinear
 
 __all__ = ["bnb_kind", "quantized_stand_ins"]
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-
 
 def bnb_kind(module: torch.nn.Module) -> str | None:
     """The kind of a bitsandbytes quantized linear layer (or a subclass of one, such
@@ -70,7 +68,7 @@ def _config_4bit(name: str, module: Any) -> tuple[QuantizeConfig, torch.dtype]:
     compute = module.compute_dtype if getattr(module, "compute_type_is_set", False) else None
     config = QuantizeConfig(
         method=method,
-        compute_dtype=_DTYPE_NAMES[compute] if compute is not None else None,
+        compute_dtype=str(compute).removeprefix("torch.") if compute is not None else None,
         blocksize=int(getattr(w, "blocksize", 64)),
     )
     return config, dtype
