@@ -84,3 +84,9 @@ class StorageRecord:
     region: int
     host: bool = False
     paged: bool = False
+
+    def moved(self, sid: int, owner: int, module: str) -> StorageRecord:
+        """This storage under another id, block and module (a replayed block's copy): as
+        `dataclasses.replace` gives, several times faster (a 7B expansion makes 30k)."""
+        return StorageRecord(sid, self.nbytes, self.category, self.phase, self.step, self.op,
+                             module, owner, self.region, self.host, self.paged)  # fmt: skip

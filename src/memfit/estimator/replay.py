@@ -29,7 +29,6 @@ Note: [How the stream is expanded]
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 from memfit.events import ALLOC, FREE, Event, StorageRecord
 
@@ -248,17 +247,6 @@ class _Expansion:
     def copy_sid(self, sid: int, c: int) -> int:
         return sid if c == 0 else sid + c * self.offset
 
-    def _ref_from_copy(self, sid: int, c: int) -> int | None:
-        owner = self.records[sid].owner
-        if owner == 1:
-            return self.copy_sid(sid, c)
-        if owner == 0:
-            # Copy c's previous block is copy c-1 (block 0 for the first copy).
-            return sid if c == 0 else self.copy_sid(_lookup(self.corr_prev, sid), c - 1)
-        if owner == 2:
-            return sid if c == self.last else self.copy_sid(_lookup(self.corr_next, sid), c + 1)
-        return None  # not a block allocation
-
     def _rename(self, path: str, old: int, new: int) -> str:
         head = f"{self.prefix}{old}"
         if path == head or path.startswith(head + "."):
@@ -276,18 +264,25 @@ class _Expansion:
 
     def expanded_records(self) -> dict[int, StorageRecord]:
         out: dict[int, StorageRecord] = {}
-        last, n = self.last, self.num_blocks
+        last, n, offset = self.last, self.num_blocks, self.offset
         for sid, rec in self.records.items():
             if rec.owner == 1:
+                renamed = self._renamer(rec.module)
                 for c in range(last + 1):
-                    new = self.copy_sid(sid, c)
-                    module = self._rename(rec.module, 1, 1 + c)
-                    out[new] = replace(rec, sid=new, owner=1 + c, module=module)
+                    out[sid + c * offset] = rec.moved(sid + c * offset, 1 + c, renamed(c))
             elif rec.owner == 2:
-                out[sid] = replace(rec, owner=n - 1, module=self._rename(rec.module, 2, n - 1))
+                out[sid] = rec.moved(sid, n - 1, self._rename(rec.module, 2, n - 1))
             else:
                 out[sid] = rec
         return out
+
+    def _renamer(self, path: str) -> Callable[[int], str]:
+        """c -> `path` (a path in block 1, or elsewhere) as copy c of block 1 names it."""
+        head = f"{self.prefix}1"
+        if path == head or path.startswith(head + "."):
+            prefix, tail = self.prefix, path[len(head) :]
+            return lambda c: f"{prefix}{1 + c}{tail}"
+        return lambda c: path
 
     def copy_outside_run(self, s: int, e: int, owner: int, out: list[Event]) -> None:
         """A run of T0, T2 or outside any block: copied once, T2 renamed to the last block."""
@@ -316,19 +311,34 @@ class _Expansion:
         """A run of T1: once per copy, in the order the blocks ran (descending in backward)."""
         order = range(self.last, -1, -1) if self.descending[s] else range(self.last + 1)
         last_in_time = order[-1]
+        # Each event once: how its storage is named in copy c (_ref_from_copy, unrolled)
+        # and its module's name there.
+        plan = []
+        for ev in self.events[s:e]:
+            owner = self.records[ev.sid].owner
+            if owner == 1:
+                ref = (ev.sid, ev.sid, -1)  # the same copy's: sid + c * offset
+            elif owner == 0:  # copy c-1's (block 0's for the first copy)
+                ref = (_lookup(self.corr_prev, ev.sid) - self.offset, ev.sid, 0)
+            elif owner == 2:  # copy c+1's (the traced T2 for the last copy)
+                ref = (_lookup(self.corr_next, ev.sid) + self.offset, ev.sid, self.last)
+            else:
+                if ev.kind == ALLOC:
+                    raise ReplayMismatch(f"block run allocates a non-block storage at {s}")
+                ref = None
+            plan.append((ev, ref, self._renamer(ev.module)))
+        offset = self.offset
         for c in order:
-            for ev in self.events[s:e]:
-                ref = self._ref_from_copy(ev.sid, c)
+            for ev, ref, renamed in plan:
                 if ref is None:
                     if ev.kind == FREE and c != last_in_time:
                         continue
-                    if ev.kind == ALLOC:
-                        raise ReplayMismatch(f"block run allocates a non-block storage at {s}")
-                    ref = ev.sid
+                    sid = ev.sid  # shared: freed once, in the copy last in time
+                else:
+                    base, fixed, at = ref
+                    sid = fixed if c == at else base + c * offset
                 who = -1 if ev.owner < 0 else ev.owner + c  # T0, T1, T2 are blocks c, 1+c, 2+c
-                out.append(
-                    ev._replace(sid=ref, module=self._rename(ev.module, 1, 1 + c), owner=who)
-                )
+                out.append(Event(ev.kind, sid, ev.phase, ev.step, ev.op, renamed(c), who))
 
 
 def _flush_released(
