@@ -24,21 +24,21 @@ How the search stays fast:
   (memfit.planner.plan_cache); with MEMFIT_JOBS the traces a stage needs in any case are
   made side by side (memfit.estimator.parallel).
 - A shape that does not fit at micro-batch 1 rules out every heavier shape: more precise
-  weights, a heavier optimizer, no checkpointing (see `memfit.planner.shapes.heavier`).
+  weights, a heavier optimizer, no checkpointing (see `memfit.planner.shapes.heavier`). A shape
+  whose weights and gradients alone exceed the GPU fails without a trace (memfit.planner.floors).
 - During the search the replay of repeated blocks is not re-verified on 4 blocks. The
   recommended plan is estimated again through `memfit.estimate` itself, so its figures are
   exactly what `memfit estimate` prints for that configuration.
 
 Not searched: a choice of which blocks to checkpoint beyond "the first k" (see
-`_fewest_checkpointed`), tensor parallelism, and quantization without LoRA (a quantized base
-cannot be trained by itself).
+memfit.planner.partial_checkpointing), tensor parallelism, and quantization without LoRA (a
+quantized base cannot be trained by itself).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import time
 from typing import Any
 
@@ -54,6 +54,8 @@ from memfit.models.sources import ModelSpec, resolve_model
 from memfit.planner.advice import what_would_fit
 from memfit.planner.composed import Composer
 from memfit.planner.cost import step_cost
+from memfit.planner.floors import Floors
+from memfit.planner.partial_checkpointing import fewest_checkpointed
 from memfit.planner.plan_cache import cached_plan, plan_key
 from memfit.planner.results import Candidate, Goal, Plan
 from memfit.planner.shapes import (
@@ -114,6 +116,22 @@ class _Search:
         self.candidates: list[Candidate] = []
         self.composer = Composer(spec, gpu.compute_capability)
         self.untraceable: dict[Shape, str] = {}
+        self.floors = Floors(spec, int(gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION)))
+
+    def beyond_floor(self, shape: Shape, mb: int, places: list[tuple[bool, bool]]) -> bool:
+        """Whether `shape` cannot fit at any micro-batch, known without a trace (memfit.
+        planner.floors); never for the shape the plan shows as its baseline."""
+        if _plain(shape, self.goal) or shape in self.untraceable:
+            return False
+        try:
+            w = self.workload(shape, mb, False, False)
+            if not self.floors.above(shape, w, places, self.traces):
+                return False
+        except (TraceError, BadInputError):  # refused: `evaluate` says why
+            return False
+        if (shape, mb) not in [(s, m) for s, m, _ in self.floors.skipped]:
+            self.floors.skipped.append((shape, mb, places))
+        return True
 
     def workload(self, shape: Shape, mb: int, offload: bool, emb: bool) -> Workload:
         return Workload(
@@ -259,17 +277,25 @@ def _explore(
     # Probe the lightest shapes at the smallest micro-batch first: a light shape that does not
     # fit rules out every heavier one before any of them is traced.
     lightest = [s for s in todo if not any(heavier(s, t) and s != t for t in todo)]
-    search.prefetch([(s, micro_of(s)[0]) for s in lightest])
+
+    def floored(shape: Shape) -> bool:  # its weights and gradients alone exceed the GPU
+        return search.beyond_floor(shape, micro_of(shape)[0], places_of(shape))
+
+    search.prefetch([(s, micro_of(s)[0]) for s in lightest if not floored(s)])
     for shape in lightest:
+        if floored(shape):  # fails without a trace
+            failed.append(shape)
+            continue
         probe = search.evaluate(shape, micro_of(shape)[0], places_of(shape))
         # An untraceable shape (no candidates) rules out nothing heavier.
         if probe and not any(c.fits for c in probe):
             failed.append(shape)
     left = [s for s in todo if not any(heavier(s, f) for f in failed)]
-    search.prefetch(
-        [(s, m) for s in left for m in dict.fromkeys((micro_of(s)[-1], micro_of(s)[0]))]
-    )
+    search.prefetch([(s, m) for s in left if not floored(s)
+                     for m in dict.fromkeys((micro_of(s)[-1], micro_of(s)[0]))])  # fmt: skip
     for shape in left:
+        if floored(shape):
+            continue
         micro = micro_of(shape)
         # The largest micro-batch first: if it fits, nothing of this shape is faster; if not,
         # its cost bounds every smaller micro-batch from below (less efficient, more launches;
@@ -407,7 +433,7 @@ def _search_plan(spec: ModelSpec, gpu_obj: Any, goal: Goal, n_gpus: int, allowed
     fitting = [c for c in search.candidates if c.fits]
     best = min(fitting, key=lambda c: _preference(c, goal)) if fitting else None
     if best is not None and best.workload.checkpointing == "blocks" and spec.num_layers:
-        best = _fewest_checkpointed(spec, best, gpu_obj, spec.num_layers)
+        best = fewest_checkpointed(spec, best, gpu_obj, spec.num_layers)
         fitting.append(best)
     if best is not None:
         best = _confirm(spec, best, gpu_obj, _cached(trace_cache, (shared, "confirmed")))
@@ -418,6 +444,8 @@ def _search_plan(spec: ModelSpec, gpu_obj: Any, goal: Goal, n_gpus: int, allowed
     closest_miss = None
     suggestions: list[str] = []
     if best is None:
+        for shape, mb, places in search.floors.skipped:  # traced after all: the closest miss
+            search.evaluate(shape, mb, places)
         closest_miss = min(search.candidates, key=lambda c: c.device_total_bytes, default=None)
         decided = allowed | forbid | WIDEN_WHEN_NOTHING_FITS  # widened: searched
         suggestions = what_would_fit(spec, goal.seq_len, gpu_obj, closest_miss, decided, n_gpus)
@@ -512,45 +540,6 @@ def _algorithm(optimizer: str) -> str:
     return "adamw-8bit" if optimizer == "paged-adamw-8bit" else optimizer
 
 
-#: Refine "checkpoint every block" only when fewer blocks would save at least this fraction
-#: of the recomputation (each refinement step traces the whole model).
-MIN_RECOMPUTE_SAVING = 0.25
-#: Verification traces tried after the predicted block count.
-CHECKPOINT_TRIES = 3
-
-
-def _fewest_checkpointed(spec: ModelSpec, cand: Candidate, gpu: Any, n_blocks: int) -> Candidate:
-    """Checkpoint as few blocks as fit: the least recomputation under the budget.
-
-    The blocks are identical, so each costs the same to recompute; the least recompute is the
-    smallest k such that checkpointing the first k blocks (nearest the input: recomputed last,
-    when the later blocks' activations are already freed) still fits. Device memory falls
-    about linearly in k, so k is predicted from k = 0 and k = N (both replayed, cheap) and then
-    verified with a whole-model trace (blocks differ), stepping up until it fits.
-    """
-
-    def price(w: Workload) -> Candidate:
-        tr, n, rep = trace_spec(spec, w, gpu.compute_capability, verify=False)
-        est = estimate_from_trace(spec, w, tr, n_blocks=n, replayed=rep, gpu=gpu)
-        return Candidate(workload=w, estimate=est, cost=step_cost(work_of(est), gpu, tf32=False))
-
-    limit = int(gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION))
-    none = price(cand.workload.with_(checkpointing="off", checkpoint_first=None))
-    if none.fits:
-        return none if none.cost.seconds < cand.cost.seconds else cand
-    m0, m_all = none.device_total_bytes, cand.device_total_bytes
-    if m0 <= m_all:
-        return cand
-    k = max(1, math.ceil((m0 - limit) / ((m0 - m_all) / n_blocks)))
-    if k > (1 - MIN_RECOMPUTE_SAVING) * n_blocks:
-        return cand
-    for k_try in range(k, min(k + CHECKPOINT_TRIES, n_blocks)):
-        trial = price(cand.workload.with_(checkpoint_first=k_try))
-        if trial.fits:
-            return trial
-    return cand
-
-
 def _cached(cache: dict[Any, Any] | None, key: Any) -> Any:
     return None if cache is None else cache.setdefault(key, {})
 
@@ -576,16 +565,23 @@ def _baseline(search: _Search, per_gpu: int, goal: Goal) -> Candidate | None:
         w = c.workload
         if (
             w.batch_size == per_gpu
-            and w.optimizer == (goal.optimizer or "adamw")
-            and w.checkpointing == "off"
             and not w.offload_optimizer
             and not w.embedding_on_cpu
-            and w.lora is None
-            and not w.tie_embeddings
-            and not _lean(_shape_of(w))
+            and _plain(_shape_of(w), goal)
         ):
             return c
     return None
+
+
+def _plain(shape: Shape, goal: Goal) -> bool:
+    """Whether `shape` is the baseline's: the goal's or AdamW optimizer, no techniques."""
+    return (
+        shape.optimizer == (goal.optimizer or "adamw")
+        and shape.checkpointing == "off"
+        and not shape.lora
+        and not shape.tied
+        and not _lean(shape)
+    )
 
 
 def pareto(cands: list[Candidate]) -> list[Candidate]:
