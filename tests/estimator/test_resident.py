@@ -12,7 +12,7 @@ import json
 import pytest
 
 from memfit.estimator.device_memory import place_on_host
-from memfit.estimator.estimate import _short_trace
+from memfit.estimator.estimate import _short_trace, trace_spec
 from memfit.estimator.resident import got_gradient, resident_floor_bytes
 from memfit.estimator.step_runner import run_trace
 from memfit.estimator.trace_cache import caching
@@ -101,3 +101,21 @@ def test_no_floor_where_the_step_does_not_hold_whole_weights_and_gradients(model
         base.with_(fsdp_cpu_offload=True),
     ):
         assert resident_floor_bytes(spec, w, None, embedding_movable=False) is None
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bloom-560m", "mixtral-8x7b"])
+def test_floor_is_the_replayed_traces_weights_and_gradients(name):
+    # Catalog models at full depth (12, 24 and 32 blocks; Mixtral's experts): the floor equals
+    # the weights and last-step gradients of the trace the estimator replays to all blocks.
+    spec = resolve_model(name)
+    w = Workload(batch_size=1, seq_len=64, precision="bf16-mixed", optimizer="adamw", grad_accum=2)
+    with caching(False):
+        tr, _, replayed = trace_spec(spec, w, CAP, verify=False)
+    assert replayed
+    last = max(tr.grad_sids)
+    want = sum(
+        r.nbytes for r in tr.records.values()
+        if (r.phase == "setup" and r.category in ("parameters", "buffers") and not r.host)
+        or (r.category == "gradients" and r.step == last)
+    )  # fmt: skip
+    assert resident_floor_bytes(spec, w, got_gradient(tr), embedding_movable=False) == want
