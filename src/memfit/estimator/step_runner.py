@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import gc
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from memfit.errors import BadInputError, TraceError
+from memfit.estimator.collector import freeze_before_trace
 from memfit.estimator.cuda_emulation import CudaEmulation
 from memfit.estimator.fake_distributed import fake_world
 from memfit.estimator.tracker import OwnerTrackingState, Tracker, parameter_modules
@@ -240,7 +240,7 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
     fake_distributed) and the stream is that of rank 0. With `grad_origins`: no forward and
     backward, the gradients made directly (`_stand_in_gradients`), for memfit.estimator.compose.
     """
-    _freeze_long_lived_objects()
+    freeze_before_trace()
     step: Any = _one_step
     if grad_origins is not None:
         step = functools.partial(_stand_in_gradients, origins=grad_origins)
@@ -249,18 +249,6 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
 
     with fake_world(w.gpus) as mesh:
         return _run_trace(spec, w, capability, num_layers, mesh, step)
-
-
-def _freeze_long_lived_objects() -> None:
-    """Before each trace, move what is alive out of the collector's sight (`gc.freeze`), after
-    a collection that walks only what was made since the last freeze: the previous trace's
-    garbage and what the caller kept. So the collections Python runs by itself while tracing
-    walk only what this trace makes, not torch's and transformers' modules (some 300k objects)
-    nor the traces a plan holds (a record each storage). Frozen objects are still freed when
-    no longer referenced; only a reference cycle frozen alive and dropped later stays. The llama
-    3.2-1B plan spent 2.1 s in collections with one freeze after the imports, 1.2 s so."""
-    gc.collect()
-    gc.freeze()
 
 
 def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
