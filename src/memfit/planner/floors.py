@@ -7,20 +7,38 @@ the optimizer steps). When that floor is above the fit limit, tracing the shape 
 heavier shape as a failed trace would. A 7B plan on a 24 GB card skips six traces so.
 
 Which parameters receive a gradient comes from a trace the search already holds of a shape
-whose parameters train alike (same LoRA, quantization, tied embeddings, distillation); before
-one exists the floor is the weights alone. The search keeps its results whole: a shape it
-would have shown as the baseline is never skipped, and when nothing fits at all the skipped
-shapes are traced after all (`Floors.skipped`), so the closest miss is the same.
+whose parameters train alike (same LoRA, quantization, tied embeddings, distillation, chunked
+loss); before one exists the floor is the weights alone. The search keeps its results whole:
+a shape it would have shown as the baseline is never skipped, and when nothing fits at all the
+skipped shapes are traced after all, at the micro-batches the search would have traced
+(`Floors.trace_skipped`), so the closest miss is the same.
+
+One difference remains: a light shape that the tracer cannot run (a TraceError during its
+step) rules out nothing heavier in the search without floors; skipped for its floor, it
+counts as failed, and its heavier shapes (which cannot fit either: their floors are at least
+its) are not estimated, so a plan that then shows no baseline or another closest miss is
+possible. A refusal at build time (the floor builds the same model) is not skipped.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from memfit.estimator.resident import got_gradient, resident_floor_bytes
 from memfit.models.sources import ModelSpec
 from memfit.planner.shapes import Shape
 from memfit.workload import Workload
+
+
+class Skipped(NamedTuple):
+    """A shape the search did not trace: the micro-batches it would have evaluated (its probe,
+    or its largest and smallest) and where its candidates would have stood in the list."""
+
+    shape: Shape
+    micro: list[int]
+    places: list[tuple[bool, bool]]
+    at: int
 
 
 class Floors:
@@ -29,8 +47,7 @@ class Floors:
     def __init__(self, spec: ModelSpec, limit_bytes: int) -> None:
         self.spec, self.limit = spec, limit_bytes
         self._bytes: dict[Any, int | None] = {}
-        #: (shape, micro-batch, placements) skipped, for the search to trace if nothing fits.
-        self.skipped: list[tuple[Shape, int, list[tuple[bool, bool]]]] = []
+        self.skipped: list[Skipped] = []
 
     def above(
         self, shape: Shape, w: Workload, places: list[tuple[bool, bool]], traced: dict[Any, Any]
@@ -45,13 +62,27 @@ class Floors:
         floor = self._bytes[key]
         return floor is not None and floor > self.limit
 
+    def trace_skipped(self, evaluate: Callable[..., Any], candidates: list[Any]) -> None:
+        """Evaluate the skipped shapes after all (`evaluate(shape, mb, places)` appends to
+        `candidates`), each candidate moved to where the search would have placed it: when
+        nothing fits, the closest miss is then the one the search finds without floors."""
+        shift = 0
+        for skipped in self.skipped:
+            start = len(candidates)
+            for mb in skipped.micro:
+                evaluate(skipped.shape, mb, skipped.places)
+            made = candidates[start:]
+            del candidates[start:]
+            candidates[skipped.at + shift : skipped.at + shift] = made
+            shift += len(made)
+
 
 def _gradients_of(shape: Shape, traced: dict[Any, Any]) -> tuple[bool, ...] | None:
     """Which trainable parameters receive a gradient, from a traced shape whose parameters
     train alike, or None."""
     for (s, _), (tr, _, _) in traced.items():
-        alike = (s.lora, s.quantize, s.tied, s.distill) == (
-            shape.lora, shape.quantize, shape.tied, shape.distill
+        alike = (s.lora, s.quantize, s.tied, s.distill, s.chunked_loss) == (
+            shape.lora, shape.quantize, shape.tied, shape.distill, shape.chunked_loss
         )  # fmt: skip
         if alike and not s.in_backward and not s.fsdp_offload:
             got = got_gradient(tr)

@@ -45,6 +45,7 @@ from typing import Any
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError, TraceError
 from memfit.estimator.attention import attention_class
+from memfit.estimator.collector import freezing_between_traces
 from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.estimator.estimate import estimate_from_trace, trace_spec
 from memfit.estimator.parallel import run_all, workers
@@ -54,7 +55,7 @@ from memfit.models.sources import ModelSpec, resolve_model
 from memfit.planner.advice import what_would_fit
 from memfit.planner.composed import Composer
 from memfit.planner.cost import step_cost
-from memfit.planner.floors import Floors
+from memfit.planner.floors import Floors, Skipped
 from memfit.planner.partial_checkpointing import fewest_checkpointed
 from memfit.planner.plan_cache import cached_plan, plan_key
 from memfit.planner.results import Candidate, Goal, Plan
@@ -129,9 +130,11 @@ class _Search:
                 return False
         except (TraceError, BadInputError):  # refused: `evaluate` says why
             return False
-        if (shape, mb) not in [(s, m) for s, m, _ in self.floors.skipped]:
-            self.floors.skipped.append((shape, mb, places))
         return True
+
+    def skip(self, shape: Shape, micro: list[int], places: list[tuple[bool, bool]]) -> None:
+        """Leave `shape` untraced (it is `beyond_floor`), as it would have been evaluated."""
+        self.floors.skipped.append(Skipped(shape, micro, places, len(self.candidates)))
 
     def workload(self, shape: Shape, mb: int, offload: bool, emb: bool) -> Workload:
         return Workload(
@@ -284,6 +287,7 @@ def _explore(
     search.prefetch([(s, micro_of(s)[0]) for s in lightest if not floored(s)])
     for shape in lightest:
         if floored(shape):  # fails without a trace
+            search.skip(shape, micro_of(shape)[:1], places_of(shape))
             failed.append(shape)
             continue
         probe = search.evaluate(shape, micro_of(shape)[0], places_of(shape))
@@ -294,9 +298,10 @@ def _explore(
     search.prefetch([(s, m) for s in left if not floored(s)
                      for m in dict.fromkeys((micro_of(s)[-1], micro_of(s)[0]))])  # fmt: skip
     for shape in left:
-        if floored(shape):
-            continue
         micro = micro_of(shape)
+        if floored(shape):  # as evaluated when nothing fits: the largest, then the smallest
+            search.skip(shape, [micro[-1], micro[0]], places_of(shape))
+            continue
         # The largest micro-batch first: if it fits, nothing of this shape is faster; if not,
         # its cost bounds every smaller micro-batch from below (less efficient, more launches;
         # placements only add transfers), so a shape that cannot win is not searched.
@@ -420,7 +425,9 @@ def plan(
 
 
 def _in_session(search: Any, *args: Any) -> Plan:
-    with session():  # the plan's own traces stay in memory even with the cache off
+    # The plan's own traces stay in memory even with the cache off; the collector is kept off
+    # them (memfit.estimator.collector).
+    with session(), freezing_between_traces():
         return search(*args)
 
 
@@ -444,8 +451,7 @@ def _search_plan(spec: ModelSpec, gpu_obj: Any, goal: Goal, n_gpus: int, allowed
     closest_miss = None
     suggestions: list[str] = []
     if best is None:
-        for shape, mb, places in search.floors.skipped:  # traced after all: the closest miss
-            search.evaluate(shape, mb, places)
+        search.floors.trace_skipped(search.evaluate, search.candidates)  # the closest miss
         closest_miss = min(search.candidates, key=lambda c: c.device_total_bytes, default=None)
         decided = allowed | forbid | WIDEN_WHEN_NOTHING_FITS  # widened: searched
         suggestions = what_would_fit(spec, goal.seq_len, gpu_obj, closest_miss, decided, n_gpus)
