@@ -1,5 +1,5 @@
-"""The collector around traces (memfit.estimator.collector): a plan freezes what is alive
-before each of its traces, and leaves nothing frozen that a collection would free."""
+"""The collector around traces (memfit.estimator.collector): no full collections within a
+plan's search, and nothing frozen that a collection would free."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from memfit.planner.search import Goal, plan
 
 
 def test_a_plans_search_is_freed_after_the_plan(monkeypatch):
-    # The search is a reference cycle (its composer's lines refer back to it), frozen alive by
-    # its own traces: leaving the plan thaws and collects it.
+    # The search is a reference cycle (its composer's lines refer back to it): frozen alive by
+    # a trace, it would never be collected.
     made = []
     init = search_module._Search.__init__
 
@@ -28,17 +28,14 @@ def test_a_plans_search_is_freed_after_the_plan(monkeypatch):
     assert all(ref() is None for ref in made)
 
 
-def test_freezes_before_every_trace_inside_the_block_and_thaws_after_it():
-    with collector.freezing_between_traces():
-        collector.freeze_before_trace()
-        first = gc.get_freeze_count()
-        kept = [[] for _ in range(1000)]  # made after that freeze
-        collector.freeze_before_trace()
-        assert gc.get_freeze_count() >= first + len(kept)
-    assert gc.get_freeze_count() == 0  # thawed
-    collector.freeze_before_trace()  # outside the block: the next trace freezes, once
-    frozen = gc.get_freeze_count()
-    more = [[] for _ in range(1000)]
-    collector.freeze_before_trace()
-    assert frozen > 0 and gc.get_freeze_count() == frozen
-    assert more
+def test_no_full_collections_within_the_block():
+    before = gc.get_threshold()
+    with collector.without_full_collections():
+        young, middle, old = gc.get_threshold()
+        assert (young, middle) == before[:2]
+        assert old > 10**9
+        with collector.without_full_collections():  # nested: the same
+            assert gc.get_threshold()[2] == old
+        assert gc.get_threshold()[2] == old
+        assert gc.get_freeze_count() > 0  # the imported modules, once
+    assert gc.get_threshold() == before

@@ -29,7 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from memfit.errors import BadInputError, TraceError
-from memfit.estimator.collector import freeze_before_trace
+from memfit.estimator.collector import freeze_long_lived
 from memfit.estimator.cuda_emulation import CudaEmulation
 from memfit.estimator.fake_distributed import fake_world
 from memfit.estimator.tracker import OwnerTrackingState, Tracker, parameter_modules
@@ -240,7 +240,7 @@ def run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, 
     fake_distributed) and the stream is that of rank 0. With `grad_origins`: no forward and
     backward, the gradients made directly (`_stand_in_gradients`), for memfit.estimator.compose.
     """
-    freeze_before_trace()
+    freeze_long_lived()
     step: Any = _one_step
     if grad_origins is not None:
         step = functools.partial(_stand_in_gradients, origins=grad_origins)

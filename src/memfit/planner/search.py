@@ -45,7 +45,7 @@ from typing import Any
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError, TraceError
 from memfit.estimator.attention import attention_class
-from memfit.estimator.collector import freezing_between_traces
+from memfit.estimator.collector import without_full_collections
 from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.estimator.estimate import estimate_from_trace, trace_spec
 from memfit.estimator.parallel import run_all, workers
@@ -427,7 +427,7 @@ def plan(
 def _in_session(search: Any, *args: Any) -> Plan:
     # The plan's own traces stay in memory even with the cache off; the collector is kept off
     # them (memfit.estimator.collector).
-    with session(), freezing_between_traces():
+    with session(), without_full_collections():
         return search(*args)
 
 
