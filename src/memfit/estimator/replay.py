@@ -248,10 +248,7 @@ class _Expansion:
         return sid if c == 0 else sid + c * self.offset
 
     def _rename(self, path: str, old: int, new: int) -> str:
-        head = f"{self.prefix}{old}"
-        if path == head or path.startswith(head + "."):
-            return f"{self.prefix}{new}" + path[len(head) :]
-        return path
+        return self._renamer(path, old)(new)
 
     def _fixed_owner(self, o: int, run_owner: int) -> int:
         # Outside T1's runs: T0 stays block 0 and T2 becomes the last block; T1 is the copy
@@ -269,20 +266,21 @@ class _Expansion:
             if rec.owner == 1:
                 renamed = self._renamer(rec.module)
                 for c in range(last + 1):
-                    out[sid + c * offset] = rec.moved(sid + c * offset, 1 + c, renamed(c))
+                    out[sid + c * offset] = rec.moved(sid + c * offset, 1 + c, renamed(1 + c))
             elif rec.owner == 2:
                 out[sid] = rec.moved(sid, n - 1, self._rename(rec.module, 2, n - 1))
             else:
                 out[sid] = rec
         return out
 
-    def _renamer(self, path: str) -> Callable[[int], str]:
-        """c -> `path` (a path in block 1, or elsewhere) as copy c of block 1 names it."""
-        head = f"{self.prefix}1"
+    def _renamer(self, path: str, old: int = 1) -> Callable[[int], str]:
+        """new -> `path` with block `old` renamed block `new` (a path outside block `old` stays):
+        made once per path, called once per copy."""
+        head = f"{self.prefix}{old}"
         if path == head or path.startswith(head + "."):
             prefix, tail = self.prefix, path[len(head) :]
-            return lambda c: f"{prefix}{1 + c}{tail}"
-        return lambda c: path
+            return lambda new: f"{prefix}{new}{tail}"
+        return lambda new: path
 
     def copy_outside_run(self, s: int, e: int, owner: int, out: list[Event]) -> None:
         """A run of T0, T2 or outside any block: copied once, T2 renamed to the last block."""
@@ -338,7 +336,7 @@ class _Expansion:
                     base, fixed, at = ref
                     sid = fixed if c == at else base + c * offset
                 who = -1 if ev.owner < 0 else ev.owner + c  # T0, T1, T2 are blocks c, 1+c, 2+c
-                out.append(Event(ev.kind, sid, ev.phase, ev.step, ev.op, renamed(c), who))
+                out.append(Event(ev.kind, sid, ev.phase, ev.step, ev.op, renamed(1 + c), who))
 
 
 def _flush_released(

@@ -60,9 +60,9 @@ def resident_floor_bytes(
     if len(blocks) != TRACED_BLOCKS:
         return None
     module_of = parameter_modules(model)
-    path = input_embedding_path(model) if embedding_movable else None
+    embedding = input_embedding_path(model) if embedding_movable else None
     # On the CPU with the embedding, whichever module a tied one is filed under.
-    moved = {id(p) for p in model.get_submodule(path).parameters()} if path else set()
+    moved = {id(p) for p in model.get_submodule(embedding).parameters()} if embedding else set()
 
     def copies(path: str) -> int:
         """How often the replay holds what `path` holds: blocks 1 .. n-2 are block 1's copies."""
@@ -70,8 +70,8 @@ def resident_floor_bytes(
         return n - 2 if path == middle or path.startswith(middle + ".") else 1
 
     # Each storage once, at its size, as the tracker registers weights (a view shares one).
-    params = [p for p in dict.fromkeys(model.parameters()) if id(p) not in moved]
-    weights = [(p, module_of.get(id(p), "")) for p in params] + [
+    params = list(dict.fromkeys(model.parameters()))
+    weights = [(p, module_of.get(id(p), "")) for p in params if id(p) not in moved] + [
         (b, name.rsplit(".", 1)[0] if "." in name else "") for name, b in model.named_buffers()
     ]
     held: dict[int, int] = {}
@@ -79,7 +79,7 @@ def resident_floor_bytes(
         storage = t.untyped_storage()
         held.setdefault(storage._cdata, copies(where) * storage.nbytes())
     total = sum(held.values())
-    trainable = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
+    trainable = [p for p in params if p.requires_grad]
     if got is not None and len(got) == len(trainable):
         # A gradient is a tensor of its parameter's shape and dtype, a storage of its own.
         total += sum(
