@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import memfit
-from memfit.estimator import compose
+from memfit.estimator import compose, parallel
 from memfit.estimator.compose import ComposeMismatch, compose_optimizer, composition_matches
 from memfit.estimator.estimate import _short_trace, trace_spec
 from memfit.estimator.trace_cache import session
@@ -136,6 +136,35 @@ def test_a_plan_with_composed_optimizers_equals_one_without(configs, monkeypatch
     for doc in (a, b):
         doc.pop("seconds")
     assert a == b
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork here")
+def test_a_plan_with_children_composes_as_one_without(configs, monkeypatch) -> None:
+    """Traces made side by side (MEMFIT_JOBS) are real ones: a composition is checked against
+    them as against the search's own, and the children trace only what the search would have
+    traced for real; the plan is the same."""
+    goal = Goal(global_batch=8, seq_len=32)
+    made: list[composed_module.Composer] = []
+    real_init = composed_module.Composer.__init__
+
+    def keep(self, *a, **k):
+        real_init(self, *a, **k)
+        made.append(self)
+
+    monkeypatch.setattr(composed_module.Composer, "__init__", keep)
+    monkeypatch.setattr(parallel.threading, "active_count", lambda: 1)
+    docs = []
+    for jobs in ("1", "2"):
+        monkeypatch.setenv("MEMFIT_JOBS", jobs)
+        docs.append(plan_to_json(plan(configs["llama"], gpu="rtx-4060", goal=goal)))
+        docs[-1].pop("seconds")
+    alone, side_by_side = made
+    assert alone.composed > 0
+    # The same real traces or fewer: a shape's largest micro-batch made beside its donor's
+    # can be composed where the search alone reached it first.
+    assert side_by_side.composed >= alone.composed
+    assert set(side_by_side.real) <= set(alone.real)
+    assert docs[0] == docs[1]
 
 
 def test_a_composition_that_differs_is_not_used(configs, monkeypatch) -> None:

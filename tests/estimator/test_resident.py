@@ -89,6 +89,15 @@ def test_floor_by_hand(models):
     assert resident_floor_bytes(models["llama"], w, [True] * 29, embedding_movable=False) == (
         2 * 230_208 * 4 + 64
     )
+    # The highest floor any trace can give (every parameter with a gradient), before one.
+    for got in (None, [False] * 29, [True] * 29):
+        assert resident_floor_bytes(
+            models["llama"], w, got, embedding_movable=False, every_gradient=True
+        ) == (2 * 230_208 * 4 + 64)
+    half = [i % 2 == 0 for i in range(29)]
+    assert resident_floor_bytes(models["llama"], w, half, embedding_movable=False) < (
+        2 * 230_208 * 4 + 64
+    )
 
 
 def test_no_floor_where_the_step_does_not_hold_whole_weights_and_gradients(models):

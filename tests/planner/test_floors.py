@@ -14,6 +14,7 @@ import os
 import pytest
 
 from memfit.planner import floors
+from memfit.planner import search as search_module
 from memfit.planner.render import plan_to_json
 from memfit.planner.search import Goal, plan
 
@@ -37,7 +38,27 @@ SLOW = pytest.mark.skipif(not os.environ.get("MEMFIT_SLOW_TESTS"), reason="MEMFI
 )
 def test_floors_change_nothing_but_the_traces(monkeypatch, gpu, fits):
     goal = Goal(global_batch=2, seq_len=64)
+    # As with traces made ahead side by side (MEMFIT_JOBS), here one after another: only
+    # shapes no floor can skip are traced ahead (before the first trace the floor is the
+    # weights alone; once a trace tells which parameters get a gradient, it may skip more).
+    ahead, skipped = [], []
+    monkeypatch.setattr(search_module, "workers", lambda: 2)
+    monkeypatch.setattr(search_module, "run_all", lambda jobs, **kw: [job() for job in jobs])
+    prefetch, skip = search_module._Search.prefetch, search_module._Search.skip
+    monkeypatch.setattr(
+        search_module._Search,
+        "prefetch",
+        lambda self, pairs: (ahead.extend(pairs), prefetch(self, pairs))[1],
+    )
+    monkeypatch.setattr(
+        search_module._Search,
+        "skip",
+        lambda self, shape, *a: (skipped.append(shape), skip(self, shape, *a))[1],
+    )
     with_floors = plan("qwen2.5-0.5b", gpu=gpu, goal=goal)
+    assert ahead and skipped
+    assert not {shape for shape, _ in ahead} & set(skipped)
+    monkeypatch.undo()
     monkeypatch.setattr(floors.Floors, "above", lambda *args, **kwargs: False)
     without = plan("qwen2.5-0.5b", gpu=gpu, goal=goal)
     assert (with_floors.best is not None) is fits

@@ -26,7 +26,7 @@ from memfit.estimator.host_memory import HostMemory
 from memfit.estimator.parallel import run_all
 from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch, expand
 from memfit.estimator.step_runner import Trace, run_trace, traced_micro_batches
-from memfit.estimator.trace_cache import cached_trace, key_of, pack_trace, unpack_trace
+from memfit.estimator.trace_cache import cached_trace, key_of, lookup, pack_trace, unpack_trace
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.profile import MemoryProfile
 from memfit.techniques.activation_offload import offload_note
@@ -250,14 +250,21 @@ def _short_traces(
     spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, verify: bool
 ) -> tuple[Trace | None, Trace]:
     """The traces of `TRACED_BLOCKS + 1` blocks (None without `verify`) and of
-    `TRACED_BLOCKS`, side by side where there are cores for it (memfit.estimator.parallel)."""
+    `TRACED_BLOCKS`: those cached read back, the others traced side by side where there are
+    cores for it (memfit.estimator.parallel; a plan's recommendation has its 3-block trace
+    already, and its 4-block one then runs here, not in a child)."""
     blocks = [TRACED_BLOCKS + 1, TRACED_BLOCKS] if verify else [TRACED_BLOCKS]
+    found = {n: lookup("trace", trace_key(spec, w, capability, "blocks", n), unpack_trace)
+             for n in blocks}  # fmt: skip
+    missing = [n for n in blocks if found[n] is None]
     traces = run_all(
-        [functools.partial(_short_trace, spec, w, capability, n) for n in blocks],
+        [functools.partial(_short_trace, spec, w, capability, n) for n in missing],
         pack=lambda t: pack_trace((t, 0, False)),
         unpack=lambda packed: unpack_trace(packed)[0],
     )
-    return (traces[0] if verify else None), traces[-1]
+    short = {n: hit[0] for n, hit in found.items() if hit is not None}
+    short.update(zip(missing, traces, strict=True))
+    return (short[TRACED_BLOCKS + 1] if verify else None), short[TRACED_BLOCKS]
 
 
 def _short_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None, n: int) -> Trace:

@@ -7,11 +7,15 @@ compact form (memfit.estimator.trace_cache.pack_trace). A child inherits everyth
 and built (torch, transformers, the fake-tensor caches), so it starts in milliseconds.
 
 Off unless `MEMFIT_JOBS=N` (N > 1) asks for it: whether cores run side by side cannot be
-told from their count. On the 2-vCPU machine memfit is developed on, two processes run at the
-speed of one (a pure-Python loop: 0.37 s alone, 0.67 s each side by side), so there the
-children only add the fork and the transfer, and the first traces of a process, which import
-the model's code, are paid once per child. Give N no larger than the cores that really run at
-once.
+told from their count. On the 2-vCPU machine memfit is developed on, it changed from day to
+day: once two processes ran at the speed of one (a pure-Python loop: 0.37 s alone, 0.67 s each
+side by side), and there the children only added the fork and the transfer; on 2026-11-25
+they ran side by side (0.58 s alone, 0.60 s each), and MEMFIT_JOBS=2 took the README's plan
+from 15.9 to 14.1 s, the llama-2-7b 24 GB plan from 20.7 to 19.8 s and `memfit estimate
+llama-2-7b` from 3.88 to 3.77 s (one new process each, empty cache). Most of a plan's traces
+cannot run ahead: each one's result decides the next (a probe that fails rules out heavier
+shapes, a fit ends a shape's search). A child also pays, once, the imports and caches of the
+first trace of a process. Give N no larger than the cores that really run at once.
 
 Sequential in any case, with the same results: where `os.fork` is missing (Windows) or unsafe
 (another thread is running: a forked child would inherit its locks held), and inside a child.

@@ -42,10 +42,16 @@ def got_gradient(tr: Trace) -> list[bool] | None:
 
 
 def resident_floor_bytes(
-    spec: ModelSpec, w: Workload, got: Sequence[bool] | None, *, embedding_movable: bool
+    spec: ModelSpec,
+    w: Workload,
+    got: Sequence[bool] | None,
+    *,
+    embedding_movable: bool,
+    every_gradient: bool = False,
 ) -> int | None:
     """The bytes `w`'s step holds on the GPU at once, at least (see the module docstring):
-    the weights, and the gradients of the parameters `got` says receive one. With
+    the weights, and the gradients of the parameters `got` says receive one (with
+    `every_gradient`, of every trainable parameter: the highest floor any `got` gives). With
     `embedding_movable`, the input embedding's weights and gradients are left out (the
     embedding may be placed on the CPU; a tied one too, though its weight stays: a floor may
     be low, never high). None where no floor is known."""
@@ -80,6 +86,8 @@ def resident_floor_bytes(
         held.setdefault(storage._cdata, copies(where) * storage.nbytes())
     total = sum(held.values())
     trainable = [p for p in params if p.requires_grad]
+    if every_gradient:
+        got = [True] * len(trainable)
     if got is not None and len(got) == len(trainable):
         # A gradient is a tensor of its parameter's shape and dtype, a storage of its own.
         total += sum(

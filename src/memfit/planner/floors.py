@@ -50,15 +50,19 @@ class Floors:
         self.skipped: list[Skipped] = []
 
     def above(
-        self, shape: Shape, w: Workload, places: list[tuple[bool, bool]], traced: dict[Any, Any]
-    ) -> bool:
+        self, shape: Shape, w: Workload, places: list[tuple[bool, bool]], traced: dict[Any, Any],
+        *, every_gradient: bool = False,
+    ) -> bool:  # fmt: skip
         """Whether `shape` (its workload `w` at its first micro-batch) cannot fit: its floor,
-        less the input embedding where a placement may move it, exceeds the limit."""
+        less the input embedding where a placement may move it, exceeds the limit. With
+        `every_gradient`, whether it may be found so once a trace tells which parameters
+        receive a gradient (the floor if all of them do)."""
         movable = any(e for _, e in places) and not shape.tied
-        got = _gradients_of(shape, traced)
-        key = (shape, movable, got)
+        got = None if every_gradient else _gradients_of(shape, traced)
+        key = (shape, movable, got, every_gradient)
         if key not in self._bytes:
-            self._bytes[key] = resident_floor_bytes(self.spec, w, got, embedding_movable=movable)
+            self._bytes[key] = resident_floor_bytes(self.spec, w, got, embedding_movable=movable,
+                                                    every_gradient=every_gradient)  # fmt: skip
         floor = self._bytes[key]
         return floor is not None and floor > self.limit
 

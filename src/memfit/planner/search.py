@@ -53,6 +53,7 @@ from memfit.estimator.step_runner import Trace
 from memfit.estimator.trace_cache import pack_trace, session, unpack_trace
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.planner.advice import what_would_fit
+from memfit.planner.choice import faster_other_optimizer, pareto, preference
 from memfit.planner.composed import Composer
 from memfit.planner.cost import step_cost
 from memfit.planner.floors import Floors, Skipped
@@ -119,14 +120,16 @@ class _Search:
         self.untraceable: dict[Shape, str] = {}
         self.floors = Floors(spec, int(gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION)))
 
-    def beyond_floor(self, shape: Shape, mb: int, places: list[tuple[bool, bool]]) -> bool:
+    def beyond_floor(self, shape: Shape, mb: int, places: list[tuple[bool, bool]], *,
+                     every_gradient: bool = False) -> bool:  # fmt: skip
         """Whether `shape` cannot fit at any micro-batch, known without a trace (memfit.
-        planner.floors); never for the shape the plan shows as its baseline."""
+        planner.floors); never for the shape the plan shows as its baseline. With
+        `every_gradient`: whether it may be known so after more traces."""
         if _plain(shape, self.goal) or shape in self.untraceable:
             return False
         try:
             w = self.workload(shape, mb, False, False)
-            if not self.floors.above(shape, w, places, self.traces):
+            if not self.floors.above(shape, w, places, self.traces, every_gradient=every_gradient):
                 return False
         except (TraceError, BadInputError):  # refused: `evaluate` says why
             return False
@@ -180,6 +183,7 @@ class _Search:
         for pair, traced in zip(todo, run_all(jobs, pack=_pack, unpack=_unpack), strict=True):
             if traced is not None:
                 self.traces[pair] = traced
+                self.composer.real.append(pair)  # a real trace: a composition's check
 
     def evaluate(self, shape: Shape, mb: int, placements: list[tuple[bool, bool]]) -> list[
         Candidate
@@ -281,10 +285,18 @@ def _explore(
     # fit rules out every heavier one before any of them is traced.
     lightest = [s for s in todo if not any(heavier(s, t) and s != t for t in todo)]
 
-    def floored(shape: Shape) -> bool:  # its weights and gradients alone exceed the GPU
-        return search.beyond_floor(shape, micro_of(shape)[0], places_of(shape))
+    def floored(shape: Shape, *, every_gradient: bool = False) -> bool:
+        # Its weights and gradients alone exceed the GPU.
+        return search.beyond_floor(shape, micro_of(shape)[0], places_of(shape),
+                                   every_gradient=every_gradient)  # fmt: skip
 
-    search.prefetch([(s, micro_of(s)[0]) for s in lightest if not floored(s)])
+    def traced_anyway(shape: Shape) -> bool:
+        # Evaluated whatever the traces before it say: prefetched (side by side) only then.
+        return not floored(shape, every_gradient=True) and not any(
+            k[0] == shape for k in search.traces
+        )
+
+    search.prefetch([(s, micro_of(s)[0]) for s in lightest if traced_anyway(s)])
     for shape in lightest:
         if floored(shape):  # fails without a trace
             search.skip(shape, micro_of(shape)[:1], places_of(shape))
@@ -295,8 +307,10 @@ def _explore(
         if probe and not any(c.fits for c in probe):
             failed.append(shape)
     left = [s for s in todo if not any(heavier(s, f) for f in failed)]
-    search.prefetch([(s, m) for s in left if not floored(s)
-                     for m in dict.fromkeys((micro_of(s)[-1], micro_of(s)[0]))])  # fmt: skip
+    # Side by side, only what the loop below traces for real in any case: the largest
+    # micro-batch of a shape not evaluated yet (a probed shape's may be composed instead;
+    # a smaller micro-batch is searched only if the largest does not fit).
+    search.prefetch([(s, micro_of(s)[-1]) for s in left if traced_anyway(s)])
     for shape in left:
         micro = micro_of(shape)
         if floored(shape):  # as evaluated when nothing fits: the largest, then the smallest
@@ -438,7 +452,7 @@ def _search_plan(spec: ModelSpec, gpu_obj: Any, goal: Goal, n_gpus: int, allowed
     search = _Search(spec, goal, gpu_obj, n_gpus, _cached(trace_cache, shared), host_memory)
     widened = _staged_search(search, spec, goal, gpu_obj, allowed, forbid, n_gpus)
     fitting = [c for c in search.candidates if c.fits]
-    best = min(fitting, key=lambda c: _preference(c, goal)) if fitting else None
+    best = min(fitting, key=lambda c: preference(c, goal)) if fitting else None
     if best is not None and best.workload.checkpointing == "blocks" and spec.num_layers:
         best = fewest_checkpointed(spec, best, gpu_obj, spec.num_layers)
         fitting.append(best)
@@ -446,7 +460,7 @@ def _search_plan(spec: ModelSpec, gpu_obj: Any, goal: Goal, n_gpus: int, allowed
         best = _confirm(spec, best, gpu_obj, _cached(trace_cache, (shared, "confirmed")))
     baseline = _baseline(search, search.per_gpu, goal)
     same_optimizer = [
-        c for c in fitting if best is None or _preference(c, goal)[0] == _preference(best, goal)[0]
+        c for c in fitting if best is None or preference(c, goal)[0] == preference(best, goal)[0]
     ]
     closest_miss = None
     suggestions: list[str] = []
@@ -455,7 +469,7 @@ def _search_plan(spec: ModelSpec, gpu_obj: Any, goal: Goal, n_gpus: int, allowed
         closest_miss = min(search.candidates, key=lambda c: c.device_total_bytes, default=None)
         decided = allowed | forbid | WIDEN_WHEN_NOTHING_FITS  # widened: searched
         suggestions = what_would_fit(spec, goal.seq_len, gpu_obj, closest_miss, decided, n_gpus)
-    other = _faster_other_optimizer(fitting, best, goal)
+    other = faster_other_optimizer(fitting, best, goal)
     return Plan(
         model=spec.name,
         gpu=gpu_obj,
@@ -514,38 +528,6 @@ def _staged_search(
     return widened
 
 
-#: The optimizer users start from when the goal names none.
-DEFAULT_OPTIMIZER = "adamw"
-
-
-def _preference(c: Candidate, goal: Goal) -> tuple[bool, float]:
-    """Another optimizer than the usual one (AdamW) changes the training, not only its memory
-    and speed, and the roofline's update times do not capture real optimizer kernels well: it
-    is recommended only when nothing with the usual optimizer fits. Then the fastest wins."""
-    usual = _algorithm(goal.optimizer or DEFAULT_OPTIMIZER)
-    return (_algorithm(c.workload.optimizer) != usual, c.cost.seconds)
-
-
-def _faster_other_optimizer(
-    fitting: list[Candidate], best: Candidate | None, goal: Goal
-) -> Candidate | None:
-    """The fastest fitting candidate with another optimizer, when it beats the recommendation
-    (shown beside it: the user may accept the change of training)."""
-    if best is None or _preference(best, goal)[0]:
-        return None
-    others = [c for c in fitting if _preference(c, goal)[0]]
-    fastest = min(others, key=lambda c: c.cost.seconds, default=None)
-    return fastest if fastest is not None and fastest.cost.seconds < best.cost.seconds else None
-
-
-def _algorithm(optimizer: str) -> str:
-    """The update rule: fused AdamW is AdamW with other kernels, a paged optimizer the same
-    optimizer with its state in unified memory."""
-    if optimizer in ("adamw-fused", "paged-adamw"):
-        return "adamw"
-    return "adamw-8bit" if optimizer == "paged-adamw-8bit" else optimizer
-
-
 def _cached(cache: dict[Any, Any] | None, key: Any) -> Any:
     return None if cache is None else cache.setdefault(key, {})
 
@@ -588,12 +570,3 @@ def _plain(shape: Shape, goal: Goal) -> bool:
         and not shape.tied
         and not _lean(shape)
     )
-
-
-def pareto(cands: list[Candidate]) -> list[Candidate]:
-    """Candidates not beaten on both device memory and step time, fastest first."""
-    out: list[Candidate] = []
-    for c in sorted(cands, key=lambda c: (c.cost.seconds, c.device_total_bytes)):
-        if not out or c.device_total_bytes < out[-1].device_total_bytes:
-            out.append(c)
-    return out
