@@ -4,6 +4,7 @@ the previous planner, measured in the same run on the same machine.
     python benchmarks/bench_plan.py                   # all three commands (~4 min, 2 cores)
     python benchmarks/bench_plan.py --only estimate   # one of them (plan-1b, plan-7b, estimate)
     python benchmarks/bench_plan.py --baseline REF    # another git ref as "previous"
+    python benchmarks/bench_plan.py --jobs 2          # also cold with MEMFIT_JOBS=2
 
 The previous planner is a git ref of this repository (BASELINE_REF by default: memfit before
 the trace cache) exported with `git archive` into a temporary folder and run from there with
@@ -12,7 +13,9 @@ the same Python and packages. Each command runs:
 - cold: this tree, with an empty cache folder (MEMFIT_CACHE_DIR) and no MEMFIT_JOBS;
 - warm: this tree again, with the cache the cold run filled (a repeated command);
 - warm traces: this tree with only the trace cache filled (the plan files removed): a plan
-  that was not asked before, of traces that were (plans only).
+  that was not asked before, of traces that were (plans only);
+- with `--jobs N`, cold with MEMFIT_JOBS=N too (memfit.estimator.parallel), its own empty
+  cache (not a target: a figure for machines whose cores run side by side).
 It prints each wall time (imports and interpreter exit included, as a user waits), the ratios
 against the previous planner, the issue 17 targets (plans cold <= 0.3 x previous, warm <= 2 s;
 the estimate cold <= 3 s) as PASS/FAIL, and whether every run printed the same plan or
@@ -49,8 +52,11 @@ COLD_RATIO, WARM_SECONDS, ESTIMATE_COLD_SECONDS = 0.3, 2.0, 3.0
 TIMINGS = {"seconds", "trace_seconds", "search_seconds", "from_cache", "evaluated", "traces"}
 
 
-def _run(src: Path, args: list[str], cache: Path | None) -> tuple[float, dict]:
+def _run(src: Path, args: list[str], cache: Path | None, jobs: int | None = None
+         ) -> tuple[float, dict]:  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("MEMFIT_JOBS", "MEMFIT_NO_CACHE")}
+    if jobs is not None:
+        env["MEMFIT_JOBS"] = str(jobs)
     env["PYTHONPATH"] = str(src)
     if cache is None:
         env["MEMFIT_NO_CACHE"] = "1"
@@ -97,6 +103,8 @@ def main() -> None:
     parser.add_argument("--baseline", default=BASELINE_REF, help="git ref of the previous planner")
     parser.add_argument("--only", choices=sorted(COMMANDS), action="append")
     parser.add_argument("--json", dest="json_path")
+    parser.add_argument("--jobs", type=int, metavar="N",
+                        help="also run cold with MEMFIT_JOBS=N (traces side by side)")  # fmt: skip
     args = parser.parse_args()
     names = args.only or list(COMMANDS)
     rows = []
@@ -110,6 +118,10 @@ def main() -> None:
             warm_s, warm = _run(ROOT / "src", argv, cache)
             row = {"name": name, "previous": base_s, "cold": cold_s, "warm": warm_s,
                    "same": _same(base, cold) and _results(cold) == _results(warm)}  # fmt: skip
+            if args.jobs is not None:
+                jobs_s, with_jobs = _run(ROOT / "src", argv, Path(tmp) / f"jobs-{name}", args.jobs)
+                row["cold_jobs"], row["jobs"] = jobs_s, args.jobs
+                row["same"] = row["same"] and _results(with_jobs) == _results(cold)
             if name.startswith("plan"):
                 shutil.rmtree(cache / "plans")
                 traces_s, traced = _run(ROOT / "src", argv, cache)
@@ -127,6 +139,9 @@ def main() -> None:
 
 def _line(row: dict, argv: list[str]) -> str:
     extra = f", warm traces {row['warm_traces']:.1f} s" if "warm_traces" in row else ""
+    if "cold_jobs" in row:
+        extra += (f", cold with MEMFIT_JOBS={row['jobs']} {row['cold_jobs']:.1f} s "
+                  f"({row['cold_jobs'] / row['previous']:.2f} x)")  # fmt: skip
     return (
         f"memfit {' '.join(argv)}\n  previous {row['previous']:.1f} s, cold {row['cold']:.1f} s "
         f"({row['cold'] / row['previous']:.2f} x), warm {row['warm']:.1f} s{extra}; "
