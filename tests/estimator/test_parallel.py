@@ -14,7 +14,7 @@ import pytest
 
 import memfit
 from memfit.errors import BadInputError
-from memfit.estimator import parallel
+from memfit.estimator import parallel, trace_cache
 
 CFG = dict(
     model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128, hidden_size=64,
@@ -51,8 +51,17 @@ def test_off_by_default_and_sequential_with_one_job(monkeypatch) -> None:
     monkeypatch.delenv("MEMFIT_JOBS", raising=False)
     assert parallel.workers() == 1
     assert {pid for pid in parallel.run_all([_pid, _pid, _pid])} == {os.getpid()}
-    monkeypatch.setenv("MEMFIT_JOBS", "not a number")
+    monkeypatch.setenv("MEMFIT_JOBS", "")
     assert parallel.workers() == 1
+
+
+@pytest.mark.parametrize("value", ["not a number", "0", "-2", "2.5"])
+def test_a_number_of_jobs_that_is_not_one_or_more_is_refused(monkeypatch, value) -> None:
+    monkeypatch.setenv("MEMFIT_JOBS", value)
+    with pytest.raises(BadInputError, match=f"MEMFIT_JOBS='{value}' is not a number of proc"):
+        parallel.workers()
+    with pytest.raises(BadInputError):
+        parallel.run_all([_pid, _pid])
 
 
 @needs_fork
@@ -105,3 +114,23 @@ def test_an_estimate_with_children_equals_one_without(tmp_path: Path, monkeypatc
     a, b = alone.profile, side_by_side.profile
     assert a.timeline == b.timeline and a.breakdown == b.breakdown and a.by_module == b.by_module
     assert a.device_total_bytes == b.device_total_bytes and alone.flops == side_by_side.flops
+
+
+def test_the_cli_says_a_bad_number_of_jobs_and_exits_2(tmp_path: Path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from memfit.cli.app import app
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CFG))
+    monkeypatch.setenv("MEMFIT_JOBS", "many")
+    for args in (
+        ["estimate", str(path), "--seq", "16"],
+        ["plan", str(path), "--gpu", "rtx-4090", "--global-batch", "2", "--seq", "16"],
+    ):
+        try:
+            done = CliRunner().invoke(app, [*args, "--no-cache"])
+        finally:
+            trace_cache.set_enabled(None)  # --no-cache holds for the rest of a process
+        assert done.exit_code == 2, done.output
+        assert "MEMFIT_JOBS='many' is not a number of processes" in done.output

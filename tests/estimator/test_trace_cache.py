@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 import memfit
 from memfit.cli.app import app
+from memfit.errors import BadInputError
 from memfit.estimator import estimate as estimate_module
 from memfit.estimator import trace_cache
 from memfit.estimator.estimate import trace_key, trace_spec
@@ -213,6 +214,36 @@ def test_no_cache_plans_again_and_memfit_cache_shows_and_clears(
     cleared = runner.invoke(app, ["cache", "--clear"])
     assert cleared.exit_code == 0 and "removed" in cleared.output
     assert trace_cache.entries(cache) == []
+
+
+@pytest.mark.parametrize("value", ["2GiB", "-1", "1e9"])
+def test_a_cache_limit_that_is_not_a_number_of_bytes_is_refused(
+    cache: Path, config: str, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("MEMFIT_CACHE_MAX_BYTES", value)
+    with pytest.raises(BadInputError, match=f"MEMFIT_CACHE_MAX_BYTES='{value}'"):
+        trace_cache.store("trace", "k", b"x")
+    shown = CliRunner().invoke(app, ["cache"])
+    assert shown.exit_code == 2
+    assert f"MEMFIT_CACHE_MAX_BYTES='{value}' is not a number of bytes" in shown.output
+    assert "Traceback" not in shown.output
+    monkeypatch.setenv("MEMFIT_CACHE_MAX_BYTES", " 0 ")  # nothing kept on disk
+    trace_cache.store("trace", "k", b"x")
+    assert trace_cache.entries(cache) == []
+
+
+def test_memfit_no_cache_says_on_or_off_or_is_refused(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("MEMFIT_CACHE_DIR", str(tmp_path))
+    trace_cache.set_enabled(None)  # the variable decides
+    for value, on in (("1", False), ("true", False), ("YES", False), ("0", True),
+                      ("", True), ("false", True), ("off", True)):  # fmt: skip
+        monkeypatch.setenv("MEMFIT_NO_CACHE", value)
+        assert trace_cache.enabled() is on, value
+    monkeypatch.setenv("MEMFIT_NO_CACHE", "please")
+    with pytest.raises(BadInputError, match="MEMFIT_NO_CACHE='please' is neither on nor off"):
+        trace_cache.enabled()
+    shown = CliRunner().invoke(app, ["cache"])
+    assert shown.exit_code == 2 and "MEMFIT_NO_CACHE='please'" in shown.output
 
 
 def test_profiles_from_a_cached_trace_equal_the_traced_ones(cache: Path, config: str) -> None:

@@ -5,10 +5,12 @@ The cache itself is memfit.estimator.trace_cache (location, keys, what is stored
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from memfit.cli._exit import fail
+from memfit.errors import BadInputError
 from memfit.units import format_bytes
 
 
@@ -21,6 +23,13 @@ def cache_command(
     # Here, not at the top: trace_cache reads the installed packages' versions.
     from memfit.estimator import trace_cache
 
+    try:
+        _show_or_clear(trace_cache, clear)
+    except BadInputError as e:
+        raise fail(str(e)) from None
+
+
+def _show_or_clear(trace_cache: Any, clear: bool) -> None:
     root = trace_cache.cache_dir()
     if clear:
         n = trace_cache.clear()

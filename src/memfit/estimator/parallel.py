@@ -35,6 +35,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from memfit.errors import BadInputError
+
 T = TypeVar("T")
 
 _in_child = False
@@ -45,13 +47,27 @@ CHILD_SECONDS = 600.0
 
 
 def workers() -> int:
-    """How many traces may run at once here: MEMFIT_JOBS, else 1 (sequential)."""
-    if _in_child or not hasattr(os, "fork") or sys.platform == "win32":
+    """How many traces may run at once here: MEMFIT_JOBS, else 1 (sequential). A value that
+    is not a whole number of 1 or more is refused (BadInputError), not guessed at."""
+    if _in_child:
         return 1
-    if threading.active_count() > 1:
+    asked = jobs_asked()
+    if not hasattr(os, "fork") or sys.platform == "win32" or threading.active_count() > 1:
         return 1
-    text = os.environ.get("MEMFIT_JOBS", "")
-    return int(text) if text.isdigit() and int(text) >= 1 else 1
+    return asked
+
+
+def jobs_asked() -> int:
+    """MEMFIT_JOBS as a number of processes (1 when unset or empty)."""
+    text = os.environ.get("MEMFIT_JOBS", "").strip()
+    if not text:
+        return 1
+    if not text.isdigit() or int(text) < 1:
+        raise BadInputError(
+            f"MEMFIT_JOBS={text!r} is not a number of processes: give a whole number, 1 or "
+            "more (at most the cores that run at once; 1 traces one at a time), or unset it."
+        )
+    return int(text)
 
 
 def run_all(

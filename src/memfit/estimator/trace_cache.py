@@ -12,9 +12,9 @@ passed in, a factory's model, a model with a `make_batch`) is never cached.
 Where: `$MEMFIT_CACHE_DIR`, else `$XDG_CACHE_HOME/memfit`, else `~/.cache/memfit`; traces in
 `traces/`, plans in `plans/` (one file each, at most `MEMFIT_CACHE_MAX_BYTES`, default 2 GiB,
 in all: the oldest go first). Off: `MEMFIT_NO_CACHE=1`, the CLI's `--no-cache`, or
-`with caching(False):`. `memfit cache` shows the location and size; `memfit cache --clear`
-empties it. A file that cannot be read back (written by another Python, cut short) is a miss
-and is removed.
+`with caching(False):` (`MEMFIT_NO_CACHE=0`, or unset, leaves it on). `memfit cache` shows
+the location and size; `memfit cache --clear` empties it. A file that cannot be read back
+(written by another Python, cut short) is a miss and is removed.
 
 The entries are stored in a compact form (events and records as plain tuples), which loads
 about five times faster than pickling the objects themselves: a cached llama-2-7b step of
@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from memfit.errors import BadInputError
 from memfit.events import Category, Event, StorageRecord
 
 #: Packages whose code runs in a trace; their versions are part of every key.
@@ -63,11 +64,22 @@ def cache_dir() -> Path:
     return Path(base).expanduser() / "memfit"
 
 
+#: MEMFIT_NO_CACHE's values, lower-cased: the cache off, or on.
+_OFF, _ON = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
 def enabled() -> bool:
-    """Whether traces are cached: `caching()` decides, else MEMFIT_NO_CACHE (set: off)."""
+    """Whether traces are cached: `caching()` decides, else MEMFIT_NO_CACHE (1, true, yes,
+    on: off; unset, empty, 0, false, no, off: on; another value is refused)."""
     if _enabled is not None:
         return _enabled
-    return os.environ.get("MEMFIT_NO_CACHE", "") in ("", "0")
+    text = os.environ.get("MEMFIT_NO_CACHE", "").strip().lower()
+    if text not in _OFF + _ON:
+        raise BadInputError(
+            f"MEMFIT_NO_CACHE={os.environ['MEMFIT_NO_CACHE']!r} is neither on nor off: give 1 "
+            "to turn the cache off, 0 (or unset it) to keep it on."
+        )
+    return text in _ON
 
 
 @contextlib.contextmanager
@@ -187,8 +199,18 @@ def _remember(key: str, packed: Any) -> None:
 
 
 def max_bytes() -> int:
-    text = os.environ.get("MEMFIT_CACHE_MAX_BYTES")
-    return int(text) if text and text.isdigit() else DEFAULT_MAX_BYTES
+    """MEMFIT_CACHE_MAX_BYTES (a whole number of bytes), else DEFAULT_MAX_BYTES; another value
+    is refused (BadInputError), not guessed at."""
+    text = os.environ.get("MEMFIT_CACHE_MAX_BYTES", "").strip()
+    if not text:
+        return DEFAULT_MAX_BYTES
+    if not text.isdigit():
+        raise BadInputError(
+            f"MEMFIT_CACHE_MAX_BYTES={text!r} is not a number of bytes: give a whole number "
+            f"(e.g. {DEFAULT_MAX_BYTES} for the default 2 GiB; 0 keeps nothing on disk), or "
+            "unset it."
+        )
+    return int(text)
 
 
 def entries(root: Path | None = None) -> list[tuple[Path, int]]:
