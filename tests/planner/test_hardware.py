@@ -113,3 +113,21 @@ def test_cli_for_plans_the_distillation_with_the_teacher(tiny, monkeypatch):
     assert [g.teacher for g in goals] == [tiny]
     alone = CliRunner().invoke(app, ["gpus", "--teacher", tiny])
     assert alone.exit_code == 2 and "--teacher only apply with --for MODEL" in alone.output
+
+
+def test_gpus_whose_kernels_trace_alike_share_one_composer(tiny, monkeypatch):
+    """The traces, and what the composer learnt of them (real traces, checked compositions,
+    micro-batch lines), serve every GPU of an attention class; no plan's search is kept."""
+    from memfit.planner import composed
+
+    made = []
+    real_init = composed.Composer.__init__
+
+    def counted(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(composed.Composer, "__init__", counted)
+    choose_gpu(tiny, GOAL, among=["rtx-4090", "l40s", "a100-80gb", "h100-sxm"])
+    assert len(made) == 2  # sm89 (rtx-4090, l40s) and sm80+ (a100, h100)
+    assert all(c._asking is None for c in made)

@@ -45,6 +45,9 @@ class Composer:
         #: (shape, accumulating) -> the shape's micro-batches (memfit.estimator.predict).
         self.lines: dict[tuple[Shape, bool], MicroBatchLine] = {}
         self.predicted: set[tuple[Shape, int]] = set()  # predicted instead of traced
+        #: During `trace`: its `traced` and `workload_of` (not kept after it returns).
+        self._asking: tuple[dict[tuple[Shape, int], Any], Callable[[Shape, int], Workload]] | None
+        self._asking = None
 
     def trace(
         self,
@@ -60,8 +63,10 @@ class Composer:
         accumulating = w.grad_accum > 1  # two traced micro-batches, else one: another line
         line = self.lines.get((shape, accumulating))
         if line is None:
+            # Through `self._asking`, not this call's arguments: a composer shared by plans
+            # on several GPUs (memfit.planner.hardware) keeps no plan's search alive.
             line = self.lines[(shape, accumulating)] = MicroBatchLine(
-                lambda m: self._exact(shape, m, workload_of(shape, m), traced, workload_of)
+                lambda m: self._exact_now(shape, m)
             )
         # What the search holds already (prefetched, or traced by an earlier plan).
         for (s, m), known in traced.items():
@@ -72,10 +77,19 @@ class Composer:
                 and (workload_of(s, m).grad_accum > 1) == accumulating
             ):
                 line.real[m] = known
-        out = line.at(mb)
+        self._asking = (traced, workload_of)
+        try:
+            out = line.at(mb)
+        finally:
+            self._asking = None
         if mb in line.predicted:
             self.predicted.add((shape, mb))
         return out
+
+    def _exact_now(self, shape: Shape, mb: int) -> Any:
+        assert self._asking is not None, "only within Composer.trace"
+        traced, workload_of = self._asking
+        return self._exact(shape, mb, workload_of(shape, mb), traced, workload_of)
 
     def _exact(
         self,

@@ -106,17 +106,20 @@ _Traced = tuple[Trace, int, bool]
 class _Search:
     def __init__(self, spec: ModelSpec, goal: Goal, gpu: Any, n_gpus: int = 1,
                  traces: dict[tuple[Shape, int], _Traced] | None = None,
-                 host_memory: str | None = None) -> None:  # fmt: skip
+                 host_memory: str | None = None,
+                 composer: Composer | None = None) -> None:  # fmt: skip
         self.host_memory = host_memory
         self.spec = spec
         self.goal = goal
         self.gpu = gpu
         self.n_gpus = n_gpus
         self.per_gpu = goal.global_batch // n_gpus  # samples per GPU per step
-        # Shared by plans of one model and goal on GPUs of one compute capability.
+        # Shared by plans of one model and goal on GPUs whose kernels trace alike, with what
+        # their composer learnt: which traces are real, which checks passed, the micro-batch
+        # lines (all of them about traces, none about the GPU's memory).
         self.traces = traces if traces is not None else {}
         self.candidates: list[Candidate] = []
-        self.composer = Composer(spec, gpu.compute_capability)
+        self.composer = composer or Composer(spec, gpu.compute_capability)
         self.untraceable: dict[Shape, str] = {}
         self.floors = Floors(spec, int(gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION)))
 
@@ -449,7 +452,13 @@ def _search_plan(spec: ModelSpec, gpu_obj: Any, goal: Goal, n_gpus: int, allowed
                  forbid: set[str], trace_cache: dict[Any, Any] | None, host_memory: str | None,
                  t0: float) -> Plan:  # fmt: skip
     shared = attention_class(gpu_obj.compute_capability)  # GPUs that trace alike
-    search = _Search(spec, goal, gpu_obj, n_gpus, _cached(trace_cache, shared), host_memory)
+    composer = None
+    if trace_cache is not None:
+        if (shared, "composer") not in trace_cache:
+            trace_cache[(shared, "composer")] = Composer(spec, gpu_obj.compute_capability)
+        composer = trace_cache[(shared, "composer")]
+    search = _Search(spec, goal, gpu_obj, n_gpus, _cached(trace_cache, shared), host_memory,
+                     composer)  # fmt: skip
     widened = _staged_search(search, spec, goal, gpu_obj, allowed, forbid, n_gpus)
     fitting = [c for c in search.candidates if c.fits]
     best = min(fitting, key=lambda c: preference(c, goal)) if fitting else None
