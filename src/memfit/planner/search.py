@@ -294,9 +294,12 @@ def _explore(
                                    every_gradient=every_gradient)  # fmt: skip
 
     def traced_anyway(shape: Shape) -> bool:
-        # Evaluated whatever the traces before it say: prefetched (side by side) only then.
-        return not floored(shape, every_gradient=True) and not any(
-            k[0] == shape for k in search.traces
+        # Evaluated whatever the traces before it say: prefetched (side by side) only then;
+        # one after another nothing is (no floor is built for it).
+        return (
+            workers() > 1
+            and not any(k[0] == shape for k in search.traces)
+            and not floored(shape, every_gradient=True)
         )
 
     search.prefetch([(s, micro_of(s)[0]) for s in lightest if traced_anyway(s)])
