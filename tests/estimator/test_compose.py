@@ -24,6 +24,7 @@ from memfit.estimator.estimate import _short_trace, trace_spec
 from memfit.estimator.trace_cache import session
 from memfit.models.sources import resolve_model
 from memfit.planner import composed as composed_module
+from memfit.planner import search as search_module
 from memfit.planner.render import plan_to_json
 from memfit.planner.search import Goal, plan
 from memfit.profile import MemoryProfile
@@ -153,12 +154,20 @@ def test_a_plan_with_children_composes_as_one_without(configs, monkeypatch) -> N
 
     monkeypatch.setattr(composed_module.Composer, "__init__", keep)
     monkeypatch.setattr(parallel.threading, "active_count", lambda: 1)
+    ahead: list[int] = []  # jobs per call of run_all from the search
+    run_all = search_module.run_all
+    monkeypatch.setattr(
+        search_module,
+        "run_all",
+        lambda jobs, **kw: (ahead.append(len(jobs)), run_all(jobs, **kw))[1],
+    )
     docs = []
     for jobs in ("1", "2"):
         monkeypatch.setenv("MEMFIT_JOBS", jobs)
         docs.append(plan_to_json(plan(configs["llama"], gpu="rtx-4060", goal=goal)))
         docs[-1].pop("seconds")
     alone, side_by_side = made
+    assert max(ahead) > 1  # traces were made side by side (none with MEMFIT_JOBS=1)
     assert alone.composed > 0
     # The same real traces or fewer: a shape's largest micro-batch made beside its donor's
     # can be composed where the search alone reached it first.

@@ -55,7 +55,7 @@ def test_off_by_default_and_sequential_with_one_job(monkeypatch) -> None:
     assert parallel.workers() == 1
 
 
-@pytest.mark.parametrize("value", ["not a number", "0", "-2", "2.5"])
+@pytest.mark.parametrize("value", ["not a number", "0", "-2", "2.5", "\u00b2"])
 def test_a_number_of_jobs_that_is_not_one_or_more_is_refused(monkeypatch, value) -> None:
     monkeypatch.setenv("MEMFIT_JOBS", value)
     with pytest.raises(BadInputError, match=f"MEMFIT_JOBS='{value}' is not a number of proc"):
@@ -134,3 +134,24 @@ def test_the_cli_says_a_bad_number_of_jobs_and_exits_2(tmp_path: Path, monkeypat
             trace_cache.set_enabled(None)  # --no-cache holds for the rest of a process
         assert done.exit_code == 2, done.output
         assert "MEMFIT_JOBS='many' is not a number of processes" in done.output
+
+
+@needs_fork
+def test_a_shape_the_workload_refuses_is_left_to_the_search(tmp_path: Path, jobs2) -> None:
+    """QLoRA over two GPUs is refused by the Workload; traced ahead, it must be refused as
+    the search refuses it (the shape ruled out, the plan made), not end the plan."""
+    from memfit.planner.render import plan_to_json
+    from memfit.planner.search import Goal, plan
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CFG))
+    goal = Goal(global_batch=2, seq_len=16)
+    docs = []
+    for jobs in ("1", "2"):
+        os.environ["MEMFIT_JOBS"] = jobs  # jobs2 restores it
+        p = plan(str(path), gpu="rtx-4090", goal=goal, n_gpus=2, allow=("qlora",))
+        doc = plan_to_json(p)
+        for key in ("seconds", "evaluated", "traces"):
+            doc.pop(key)
+        docs.append(doc)
+    assert docs[0]["best"] is not None and docs[0] == docs[1]

@@ -216,7 +216,7 @@ def test_no_cache_plans_again_and_memfit_cache_shows_and_clears(
     assert trace_cache.entries(cache) == []
 
 
-@pytest.mark.parametrize("value", ["2GiB", "-1", "1e9"])
+@pytest.mark.parametrize("value", ["2GiB", "-1", "1e9", "\u00b9"])
 def test_a_cache_limit_that_is_not_a_number_of_bytes_is_refused(
     cache: Path, config: str, monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
@@ -244,6 +244,22 @@ def test_memfit_no_cache_says_on_or_off_or_is_refused(tmp_path: Path, monkeypatc
         trace_cache.enabled()
     shown = CliRunner().invoke(app, ["cache"])
     assert shown.exit_code == 2 and "MEMFIT_NO_CACHE='please'" in shown.output
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("MEMFIT_CACHE_MAX_BYTES", "2G"), ("MEMFIT_JOBS", "all"), ("MEMFIT_NO_CACHE", "maybe")],
+)
+def test_a_bad_setting_is_refused_before_any_trace(config: str, monkeypatch, name, value):
+    """Not when a trace is first stored or run side by side: by then a plan has searched, and
+    a lean shape's refusal would have been taken for the shape's."""
+    monkeypatch.setenv(name, value)
+    monkeypatch.setattr(estimate_module, "run_trace", lambda *a, **k: pytest.fail("traced"))
+    for call in (lambda: memfit.estimate(config, W),
+                 lambda: memfit.plan(config, gpu="rtx-4090", goal=Goal(global_batch=2, seq_len=16)),
+                 lambda: memfit.max_batch(config, W, gpu="rtx-4090")):  # fmt: skip
+        with pytest.raises(BadInputError, match=f"{name}='{value}'"):
+            call()
 
 
 def test_profiles_from_a_cached_trace_equal_the_traced_ones(cache: Path, config: str) -> None:

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 
 import pytest
 from typer.testing import CliRunner
 
 from memfit.cli.app import app
 from memfit.errors import BadInputError
+from memfit.planner import search as search_module
 from memfit.planner.hardware import choose_gpu, read_prices
 from memfit.planner.search import Goal, plan
 
@@ -127,7 +130,18 @@ def test_gpus_whose_kernels_trace_alike_share_one_composer(tiny, monkeypatch):
         real_init(self, *args, **kwargs)
         made.append(self)
 
+    searches = []
+    search_init = search_module._Search.__init__
+
+    def kept(self, *args, **kwargs):
+        search_init(self, *args, **kwargs)
+        searches.append(weakref.ref(self))
+
     monkeypatch.setattr(composed.Composer, "__init__", counted)
+    monkeypatch.setattr(search_module._Search, "__init__", kept)
     choose_gpu(tiny, GOAL, among=["rtx-4090", "l40s", "a100-80gb", "h100-sxm"])
     assert len(made) == 2  # sm89 (rtx-4090, l40s) and sm80+ (a100, h100)
-    assert all(c._asking is None for c in made)
+    assert all(c.lines for c in made)
+    gc.collect()
+    # The composers are alive (`made` holds them); no plan's search is, through them or else.
+    assert len(searches) == 4 and all(ref() is None for ref in searches)

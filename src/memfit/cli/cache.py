@@ -5,6 +5,7 @@ The cache itself is memfit.estimator.trace_cache (location, keys, what is stored
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 import typer
@@ -39,7 +40,8 @@ def _show_or_clear(trace_cache: Any, clear: bool) -> None:
     by_kind: dict[str, list[int]] = {}
     for p, size in files:
         by_kind.setdefault(p.parent.name, []).append(size)
-    state = "on" if trace_cache.enabled() else "off (MEMFIT_NO_CACHE is set)"
+    off = f"off (MEMFIT_NO_CACHE={os.environ.get('MEMFIT_NO_CACHE')})"
+    state = "on" if trace_cache.enabled() else off
     typer.echo(f"memfit cache: {root} ({state}; at most "
                f"{format_bytes(trace_cache.max_bytes())}, oldest removed first)")  # fmt: skip
     for kind in ("traces", "plans"):

@@ -26,7 +26,14 @@ from memfit.estimator.host_memory import HostMemory
 from memfit.estimator.parallel import run_all
 from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch, expand
 from memfit.estimator.step_runner import Trace, run_trace, traced_micro_batches
-from memfit.estimator.trace_cache import cached_trace, key_of, lookup, pack_trace, unpack_trace
+from memfit.estimator.trace_cache import (
+    cached_trace,
+    check_environment,
+    key_of,
+    lookup,
+    pack_trace,
+    unpack_trace,
+)
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.profile import MemoryProfile
 from memfit.techniques.activation_offload import offload_note
@@ -314,6 +321,7 @@ def estimate(
             f"workload must be a memfit.Workload, got {type(workload).__name__} {workload!r}. "
             "Pass e.g. memfit.Workload(batch_size=8, seq_len=1024)."
         )
+    check_environment()
     w = workload or Workload()
     cfg = AllocatorConfig.from_string(alloc_conf) if alloc_conf else None
     if gpu is not None:

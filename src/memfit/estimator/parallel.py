@@ -62,7 +62,7 @@ def jobs_asked() -> int:
     text = os.environ.get("MEMFIT_JOBS", "").strip()
     if not text:
         return 1
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         raise BadInputError(
             f"MEMFIT_JOBS={text!r} is not a number of processes: give a whole number, 1 or "
             "more (at most the cores that run at once; 1 traces one at a time), or unset it."

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.errors import BadInputError
+from memfit.estimator.parallel import jobs_asked
 from memfit.events import Category, Event, StorageRecord
 
 #: Packages whose code runs in a trace; their versions are part of every key.
@@ -198,13 +199,22 @@ def _remember(key: str, packed: Any) -> None:
         _memory.popitem(last=False)
 
 
+def check_environment() -> None:
+    """Read memfit's environment variables now (MEMFIT_NO_CACHE, MEMFIT_CACHE_MAX_BYTES,
+    MEMFIT_JOBS), so that a value memfit cannot read is refused before any work, not when a
+    trace is first stored or run side by side (`plan` and `estimate` call this first)."""
+    enabled()
+    max_bytes()
+    jobs_asked()
+
+
 def max_bytes() -> int:
     """MEMFIT_CACHE_MAX_BYTES (a whole number of bytes), else DEFAULT_MAX_BYTES; another value
     is refused (BadInputError), not guessed at."""
     text = os.environ.get("MEMFIT_CACHE_MAX_BYTES", "").strip()
     if not text:
         return DEFAULT_MAX_BYTES
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise BadInputError(
             f"MEMFIT_CACHE_MAX_BYTES={text!r} is not a number of bytes: give a whole number "
             f"(e.g. {DEFAULT_MAX_BYTES} for the default 2 GiB; 0 keeps nothing on disk), or "

@@ -19,6 +19,7 @@ from memfit.errors import BadInputError
 from memfit.estimator.auto_precision import resolve_precision
 from memfit.estimator.estimate import estimate_from_trace, trace_spec
 from memfit.estimator.predict import MicroBatchLine
+from memfit.estimator.trace_cache import check_environment
 from memfit.guard.batch_search import largest_passing
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.units import format_bytes
@@ -75,6 +76,7 @@ def _limit(
     answer and the next micro-batch are traced for real, and the search runs again on real
     traces if either differs from its prediction."""
 
+    check_environment()
     if not isinstance(w, Workload):
         raise BadInputError(
             f"The workload must be a memfit.Workload, got {type(w).__name__} {w!r}. Pass e.g. "

@@ -50,7 +50,7 @@ from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.estimator.estimate import estimate_from_trace, trace_spec
 from memfit.estimator.parallel import run_all, workers
 from memfit.estimator.step_runner import Trace
-from memfit.estimator.trace_cache import pack_trace, session, unpack_trace
+from memfit.estimator.trace_cache import check_environment, pack_trace, session, unpack_trace
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.planner.advice import what_would_fit
 from memfit.planner.choice import faster_other_optimizer, pareto, preference
@@ -179,10 +179,17 @@ class _Search:
         Nothing without children: one after another, `evaluate` traces only what it needs."""
         if workers() <= 1:
             return
-        todo = [(s, mb) for s, mb in dict.fromkeys(pairs)
-                if (s, mb) not in self.traces and s not in self.untraceable]  # fmt: skip
-        jobs = [functools.partial(_trace_or_none, self.spec, self.workload(s, mb, False, False),
-                                  self.gpu.compute_capability) for s, mb in todo]  # fmt: skip
+        todo, jobs = [], []
+        for s, mb in dict.fromkeys(pairs):
+            if (s, mb) in self.traces or s in self.untraceable:
+                continue
+            try:
+                w = self.workload(s, mb, False, False)
+            except BadInputError:  # a combination the Workload refuses: `evaluate` says why
+                continue
+            todo.append((s, mb))
+            jobs.append(functools.partial(_trace_or_none, self.spec, w,
+                                          self.gpu.compute_capability))  # fmt: skip
         for pair, traced in zip(todo, run_all(jobs, pack=_pack, unpack=_unpack), strict=True):
             if traced is not None:
                 self.traces[pair] = traced
@@ -405,6 +412,7 @@ def plan(
     """
 
     t0 = time.perf_counter()
+    check_environment()
     if not isinstance(goal, Goal):
         raise BadInputError(
             f"plan needs goal=Goal(global_batch=..., seq_len=...), got {type(goal).__name__} "
