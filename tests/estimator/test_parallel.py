@@ -138,20 +138,20 @@ def test_the_cli_says_a_bad_number_of_jobs_and_exits_2(tmp_path: Path, monkeypat
 
 @needs_fork
 def test_a_shape_the_workload_refuses_is_left_to_the_search(tmp_path: Path, jobs2) -> None:
-    """QLoRA over two GPUs is refused by the Workload; traced ahead, it must be refused as
-    the search refuses it (the shape ruled out, the plan made), not end the plan."""
-    from memfit.planner.render import plan_to_json
-    from memfit.planner.search import Goal, plan
+    """QLoRA over two GPUs is refused by the Workload; asked to be traced ahead, it is left to
+    the search, which rules the shape out and plans on (before, the refusal ended the plan)."""
+    from memfit.cuda.target import get_gpu
+    from memfit.models.sources import resolve_model
+    from memfit.planner import search
+    from memfit.planner.shapes import Shape
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(CFG))
-    goal = Goal(global_batch=2, seq_len=16)
-    docs = []
-    for jobs in ("1", "2"):
-        os.environ["MEMFIT_JOBS"] = jobs  # jobs2 restores it
-        p = plan(str(path), gpu="rtx-4090", goal=goal, n_gpus=2, allow=("qlora",))
-        doc = plan_to_json(p)
-        for key in ("seconds", "evaluated", "traces"):
-            doc.pop(key)
-        docs.append(doc)
-    assert docs[0]["best"] is not None and docs[0] == docs[1]
+    goal = search.Goal(global_batch=2, seq_len=16)
+    s = search._Search(resolve_model(str(path)), goal, get_gpu("rtx-4090"), n_gpus=2)
+    qlora = Shape("bf16-true", "adamw", "blocks", True, False, quantize="nf4-dq")
+    with pytest.raises(BadInputError):  # what `evaluate` reports for it
+        s.workload(qlora, 1, False, False)
+    s.prefetch([(qlora, 1)])
+    assert s.traces == {} and s.evaluate(qlora, 1, [(False, False)]) == []
+    assert qlora in s.untraceable
