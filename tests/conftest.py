@@ -1,5 +1,5 @@
-"""Builders shared by the test suite: tiny models, model specs, measured GPT-2 runs, and the
-replay of recorded allocator traces.
+"""Builders shared by the test suite: tiny models, model specs, measured GPT-2 runs, the
+replay of recorded allocator traces, and a record of the instances a class makes.
 
 Test modules import them (`from tests.conftest import tiny_gpt2`): `tests` is a package, so
 this module is the one pytest loads as the suite's conftest.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,20 @@ from memfit.models.sources import ModelSpec, resolve_model
 # The suite traces what it checks: memfit's trace and plan cache stays off (its own tests,
 # tests/estimator/test_trace_cache.py, turn it on in a folder of their own).
 os.environ["MEMFIT_NO_CACHE"] = "1"
+
+
+def record_instances(monkeypatch: Any, cls: type, *, weak: bool = False) -> list[Any]:
+    """The instances of `cls` made from now on, in order (weak references with `weak`, to
+    check that they are freed), by wrapping its `__init__` for the test."""
+    made: list[Any] = []
+    init = cls.__init__
+
+    def recorded(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(weakref.ref(self) if weak else self)
+
+    monkeypatch.setattr(cls, "__init__", recorded)
+    return made
 
 
 def tiny_gpt2(

@@ -4,24 +4,17 @@ plan's search, and nothing frozen that a collection would free."""
 from __future__ import annotations
 
 import gc
-import weakref
 
 from memfit.estimator import collector
 from memfit.planner import search as search_module
 from memfit.planner.search import Goal, plan
+from tests.conftest import record_instances
 
 
 def test_a_plans_search_is_freed_after_the_plan(monkeypatch):
-    # The search is a reference cycle (its composer's lines refer back to it): frozen alive by
-    # a trace, it would never be collected.
-    made = []
-    init = search_module._Search.__init__
-
-    def remembered(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        made.append(weakref.ref(self))
-
-    monkeypatch.setattr(search_module._Search, "__init__", remembered)
+    # A search caught in a reference cycle and frozen alive by a trace would never be
+    # collected (the first version of the collector froze before every trace).
+    made = record_instances(monkeypatch, search_module._Search, weak=True)
     p = plan("gpt2", gpu="t4", goal=Goal(global_batch=2, seq_len=64), forbid=("adafactor",))
     assert p.best is not None and made
     gc.collect()

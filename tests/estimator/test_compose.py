@@ -29,6 +29,7 @@ from memfit.planner.render import plan_to_json
 from memfit.planner.search import Goal, plan
 from memfit.profile import MemoryProfile
 from memfit.workload import LoraConfig
+from tests.conftest import record_instances
 
 CAP = (8, 9)
 LLAMA = dict(
@@ -124,14 +125,7 @@ def test_a_plan_with_composed_optimizers_equals_one_without(configs, monkeypatch
     (MEMFIT_JOBS=2). Those are real traces: a composition is checked against them as against
     the search's own, and the children trace only what the search would have traced."""
     goal = Goal(global_batch=8, seq_len=32)
-    made: list[composed_module.Composer] = []
-    real_init = composed_module.Composer.__init__
-
-    def keep(self, *a, **k):
-        real_init(self, *a, **k)
-        made.append(self)
-
-    monkeypatch.setattr(composed_module.Composer, "__init__", keep)
+    made = record_instances(monkeypatch, composed_module.Composer)
     monkeypatch.setattr(parallel.threading, "active_count", lambda: 1)
     ahead: list[int] = []  # jobs per call of run_all from the search
     run_all = search_module.run_all

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import json
-import weakref
 
 import pytest
 from typer.testing import CliRunner
@@ -15,6 +14,7 @@ from memfit.errors import BadInputError
 from memfit.planner import search as search_module
 from memfit.planner.hardware import choose_gpu, read_prices
 from memfit.planner.search import Goal, plan
+from tests.conftest import record_instances
 
 #: A 2-layer GPT-2 (hidden 64): planned in seconds on every GPU it is asked for.
 TINY = {
@@ -123,22 +123,8 @@ def test_gpus_whose_kernels_trace_alike_share_one_composer(tiny, monkeypatch):
     micro-batch lines), serve every GPU of an attention class; no plan's search is kept."""
     from memfit.planner import composed
 
-    made = []
-    real_init = composed.Composer.__init__
-
-    def counted(self, *args, **kwargs):
-        real_init(self, *args, **kwargs)
-        made.append(self)
-
-    searches = []
-    search_init = search_module._Search.__init__
-
-    def kept(self, *args, **kwargs):
-        search_init(self, *args, **kwargs)
-        searches.append(weakref.ref(self))
-
-    monkeypatch.setattr(composed.Composer, "__init__", counted)
-    monkeypatch.setattr(search_module._Search, "__init__", kept)
+    made = record_instances(monkeypatch, composed.Composer)
+    searches = record_instances(monkeypatch, search_module._Search, weak=True)
     choose_gpu(tiny, GOAL, among=["rtx-4090", "l40s"])  # both sm89
     assert len(made) == 1 and made[0].lines
     gc.collect()

@@ -16,7 +16,7 @@ keeps (a record per storage): walking them again and again cost a plan seconds.
 
 Frozen objects are still freed when nothing refers to them; only a reference cycle frozen
 alive and dropped later is never collected, which is why a plan freezes before its search
-object exists (the search is a cycle: its composer's lines refer back to it).
+object exists (a search caught in a cycle would outlive its plan).
 """
 
 from __future__ import annotations

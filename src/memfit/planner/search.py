@@ -463,11 +463,8 @@ def _search_plan(spec: ModelSpec, gpu_obj: Any, goal: Goal, n_gpus: int, allowed
                  forbid: set[str], trace_cache: dict[Any, Any] | None, host_memory: str | None,
                  t0: float) -> Plan:  # fmt: skip
     shared = attention_class(gpu_obj.compute_capability)  # GPUs that trace alike
-    composer = None
-    if trace_cache is not None:
-        if (shared, "composer") not in trace_cache:
-            trace_cache[(shared, "composer")] = Composer(spec, gpu_obj.compute_capability)
-        composer = trace_cache[(shared, "composer")]
+    composer = _cached(trace_cache, (shared, "composer"),
+                       lambda: Composer(spec, gpu_obj.compute_capability))  # fmt: skip
     search = _Search(spec, goal, gpu_obj, n_gpus, _cached(trace_cache, shared), host_memory,
                      composer)  # fmt: skip
     widened = _staged_search(search, spec, goal, gpu_obj, allowed, forbid, n_gpus)
@@ -548,8 +545,13 @@ def _staged_search(
     return widened
 
 
-def _cached(cache: dict[Any, Any] | None, key: Any) -> Any:
-    return None if cache is None else cache.setdefault(key, {})
+def _cached(cache: dict[Any, Any] | None, key: Any, make: Any = dict) -> Any:
+    """`cache[key]`, made by `make()` the first time; None without a cache."""
+    if cache is None:
+        return None
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
 
 
 def _confirm(spec: ModelSpec, cand: Candidate, gpu: Any,
