@@ -21,6 +21,11 @@ against the previous planner, the issue 17 targets (plans cold <= 0.3 x previous
 the estimate cold <= 3 s) as PASS/FAIL, and whether every run printed the same plan or
 estimate as the previous planner (the JSON without the fields that measure the search, its
 timings and counts, on the fields both versions print).
+
+It also prints the floor under every cold figure: a new process that only imports what these
+commands import before their first trace (memfit's CLI, the model's transformers code, the
+FakeTensor machinery with the `torch._dynamo` it pulls in) and exits as memfit does, the best
+of three. No cold command can take less.
 """
 
 from __future__ import annotations
@@ -70,6 +75,27 @@ def _run(src: Path, args: list[str], cache: Path | None, jobs: int | None = None
     if done.returncode not in (0, 1):
         raise SystemExit(f"memfit {' '.join(args)} failed ({done.returncode}):\n{done.stderr}")
     return seconds, json.loads(done.stdout)
+
+
+#: What every command here imports before its first trace: all three trace a Llama model.
+FLOOR_IMPORTS = (
+    "import os, memfit.cli.app, memfit.estimator.step_runner, torch._dynamo;"
+    "from torch._subclasses.fake_tensor import FakeTensorMode;"
+    "from transformers import LlamaForCausalLM;"
+    "os._exit(0)"
+)
+
+
+def _floor(src: Path) -> float:
+    """The least wall time of three new processes that only import (see FLOOR_IMPORTS)."""
+    env = dict(os.environ, PYTHONPATH=str(src))
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", FLOOR_IMPORTS], env=env, check=True,
+                       capture_output=True)  # fmt: skip
+        times.append(time.perf_counter() - t0)
+    return min(times)
 
 
 def _results(doc: object) -> object:
@@ -129,12 +155,14 @@ def main() -> None:
                 row["same"] = row["same"] and _results(traced) == _results(cold)
             rows.append(row)
             print(_line(row, argv), flush=True)
+        floor = _floor(ROOT / "src")
+    print(f"\nfloor: a new process that only imports what they import takes {floor:.2f} s")
     print()
     for row in rows:
         for verdict in _verdicts(row):
             print(verdict)
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps(rows, indent=2))
+        Path(args.json_path).write_text(json.dumps({"floor": floor, "rows": rows}, indent=2))
 
 
 def _line(row: dict, argv: list[str]) -> str:
