@@ -118,15 +118,35 @@ def test_cli_for_plans_the_distillation_with_the_teacher(tiny, monkeypatch):
     assert alone.exit_code == 2 and "--teacher only apply with --for MODEL" in alone.output
 
 
-def test_gpus_whose_kernels_trace_alike_share_one_composer(tiny, monkeypatch):
-    """The traces, and what the composer learnt of them (real traces, checked compositions,
-    micro-batch lines), serve every GPU of an attention class; no plan's search is kept."""
+def test_gpus_whose_kernels_trace_alike_share_one_composer_and_allocator_runs(tiny, monkeypatch):
+    """The traces, what the composer learnt of them (real traces, checked compositions,
+    micro-batch lines) and the allocator's runs (memfit.cuda.allocator_replay.shared_runs)
+    serve every GPU of an attention class; no plan's search is kept."""
+    from memfit.cuda import allocator_replay
     from memfit.planner import composed
 
     made = record_instances(monkeypatch, composed.Composer)
     searches = record_instances(monkeypatch, search_module._Search, weak=True)
-    choose_gpu(tiny, GOAL, among=["rtx-4090", "l40s"])  # both sm89
+    replayed: list[int] = []
+    shared, real = allocator_replay.simulate_shared, allocator_replay.simulate
+    read_back = 0
+
+    def checked(stream, **kw):  # a run read back equals a replay of its own
+        nonlocal read_back
+        before = len(replayed)
+        run = shared(stream, **kw)
+        if len(replayed) == before:
+            read_back += 1
+            assert run == real(stream, **kw)
+        return run
+
+    monkeypatch.setattr("memfit.estimator.device_memory.simulate_shared", checked)
+    monkeypatch.setattr(
+        allocator_replay, "simulate", lambda *a, **kw: replayed.append(1) or real(*a, **kw)
+    )
+    choose_gpu(tiny, GOAL, among=["rtx-4090", "l40s"])  # both sm89: 24 and 48 GB
     assert len(made) == 1 and made[0].lines
     gc.collect()
     # The composer is alive (`made` holds it); no plan's search is, through it or else.
     assert len(searches) == 2 and all(ref() is None for ref in searches)
+    assert read_back > 0  # the second GPU read runs back

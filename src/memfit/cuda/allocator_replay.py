@@ -1,11 +1,21 @@
 """Replay a stream of allocate/free events through the simulated caching allocator: the
 `torch.cuda` peaks (`max_memory_allocated`, `max_memory_reserved`), the block each request got,
 the reserved timeline, and the first allocation that does not fit.
+
+Within `shared_runs()`, `simulate_shared` reads back the run of a stream replayed already with
+the same settings instead of replaying it again: `memfit gpus --for` estimates the same
+configurations on every GPU whose kernels trace alike, and their allocators see the same
+requests (the device's size changes the run only through its capacity, or a memory fraction).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import hashlib
+import marshal
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from memfit.cuda.allocator import CachingAllocator
@@ -119,3 +129,70 @@ def simulate(
         reserved_timeline=tuple(timeline) if timeline is not None else None,
         block_bytes=blocks,
     )
+
+
+#: Runs kept by `shared_runs` (least recently used dropped first). Each is kept compact (its
+#: block sizes as two arrays, ~16 bytes an allocation): about 50 MB at most for a 7B model.
+SHARED_RUNS_KEPT = 256
+
+_shared: OrderedDict[bytes, tuple[AllocatorResult, array | None, array | None]] | None = None
+
+
+@contextlib.contextmanager
+def shared_runs() -> Iterator[None]:
+    """Within the block, `simulate_shared` reads back runs it made already (see the module
+    docstring); they are dropped when the outermost block ends."""
+    global _shared
+    if _shared is not None:
+        yield
+        return
+    _shared = OrderedDict()
+    try:
+        yield
+    finally:
+        _shared = None
+
+
+def simulate_shared(
+    events: list[tuple[int, int, int]],
+    *,
+    config: AllocatorConfig = AllocatorConfig(),  # noqa: B008 (frozen, immutable)
+    capacity_bytes: int | None = None,
+    total_bytes: int | None = None,
+    record_blocks: bool = False,
+) -> AllocatorResult:
+    """`simulate`; within `shared_runs()`, the result of an earlier call with the same events
+    and the same settings when there is one (the same values, `block_bytes` a new dict)."""
+    if _shared is None:
+        return simulate(events, config=config, capacity_bytes=capacity_bytes,
+                        total_bytes=total_bytes, record_blocks=record_blocks)  # fmt: skip
+    fraction = config.per_process_memory_fraction
+    # The device's total only matters through a memory fraction below 1 (CachingAllocator).
+    total = total_bytes if fraction is not None and fraction < 1.0 else None
+    try:
+        # Version 2 writes every value, never a back-reference: equal streams, equal bytes.
+        stream = marshal.dumps(events, 2)
+    except ValueError:  # not plain ints (e.g. numpy's): replayed, not shared
+        return simulate(events, config=config, capacity_bytes=capacity_bytes,
+                        total_bytes=total_bytes, record_blocks=record_blocks)  # fmt: skip
+    digest = hashlib.blake2b(repr((config, capacity_bytes, total, record_blocks)).encode())
+    digest.update(stream)
+    key = digest.digest()
+    hit = _shared.get(key)
+    if hit is not None:
+        _shared.move_to_end(key)
+        compact, keys, sizes = hit
+        if keys is None or sizes is None:
+            return compact
+        return replace(compact, block_bytes=dict(zip(keys, sizes, strict=True)))
+    result = simulate(events, config=config, capacity_bytes=capacity_bytes,
+                      total_bytes=total_bytes, record_blocks=record_blocks)  # fmt: skip
+    blocks = result.block_bytes
+    if blocks is None:
+        _shared[key] = (result, None, None)
+    else:
+        _shared[key] = (replace(result, block_bytes=None), array("q", blocks),
+                        array("q", blocks.values()))  # fmt: skip
+    if len(_shared) > SHARED_RUNS_KEPT:
+        _shared.popitem(last=False)
+    return result

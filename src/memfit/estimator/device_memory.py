@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from memfit.cuda.allocator_config import AllocatorConfig, cuda_block_size
-from memfit.cuda.allocator_replay import AllocatorResult, simulate
+from memfit.cuda.allocator_replay import AllocatorResult, simulate_shared
 from memfit.cuda.overhead import cublas_workspace_bytes, device_overhead
 from memfit.cuda.target import DEFAULT_GPU, get_gpu
 from memfit.estimator.ddp import BUCKET_OP
@@ -277,10 +277,10 @@ def _replay(
     first, PyTorch frees its cache and retries, so a step that needs more than fits can
     still run, with less reserved.
     """
-    run = simulate(stream, config=cfg, total_bytes=capacity, record_blocks=True)
+    run = simulate_shared(stream, config=cfg, total_bytes=capacity, record_blocks=True)
     failed = run if run.oom is not None else None
     if bounded and failed is None and 0 < allocator_capacity < run.peak_reserved_bytes:
-        capped = simulate(
+        capped = simulate_shared(
             stream, config=cfg, capacity_bytes=allocator_capacity, total_bytes=capacity,
             record_blocks=True,
         )  # fmt: skip

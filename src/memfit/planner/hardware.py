@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memfit.cuda.allocator_replay import shared_runs
 from memfit.cuda.gpus import GPU
 from memfit.cuda.target import get_gpu, list_gpus
 from memfit.errors import BadInputError
@@ -84,16 +85,19 @@ def choose_gpu(
     price = read_prices(prices) if isinstance(prices, (str, Path)) else _checked(prices)
     gpus = list_gpus() if among is None else [get_gpu(name) for name in among]
     out: list[GpuChoice] = []
-    for n in counts:
-        cache: dict[Any, Any] = {}  # traces by compute capability, for this GPU count
-        for gpu in gpus:
-            if gpu.rocm:
-                note = "ROCm: memfit models CUDA's context and workspaces, not ROCm's"
-                out.append(GpuChoice(gpu=gpu, n_gpus=n, fits=None, plan=None, note=note))
-                continue
-            p = plan(model, gpu=gpu.name, goal=goal, n_gpus=n, allow=allow, forbid=forbid,
-                     task=task, trace_cache=cache)  # fmt: skip
-            out.append(_choice(gpu, n, p, price))
+    # GPUs whose kernels trace alike share traces, and their allocators replay the same
+    # streams (memfit.cuda.allocator_replay.shared_runs).
+    with shared_runs():
+        for n in counts:
+            cache: dict[Any, Any] = {}  # traces by compute capability, for this GPU count
+            for gpu in gpus:
+                if gpu.rocm:
+                    note = "ROCm: memfit models CUDA's context and workspaces, not ROCm's"
+                    out.append(GpuChoice(gpu=gpu, n_gpus=n, fits=None, plan=None, note=note))
+                    continue
+                p = plan(model, gpu=gpu.name, goal=goal, n_gpus=n, allow=allow,
+                         forbid=forbid, task=task, trace_cache=cache)  # fmt: skip
+                out.append(_choice(gpu, n, p, price))
     return sorted(out, key=_order)
 
 
