@@ -135,7 +135,8 @@ def simulate(
 #: block sizes as two arrays, ~16 bytes an allocation): about 50 MB at most for a 7B model.
 SHARED_RUNS_KEPT = 256
 
-_shared: OrderedDict[bytes, tuple[AllocatorResult, array | None, array | None]] | None = None
+#: Digest -> the run without its block sizes, and those as (storage keys, sizes) arrays.
+_shared: OrderedDict[bytes, tuple[AllocatorResult, tuple[array, array] | None]] | None = None
 
 
 @contextlib.contextmanager
@@ -163,36 +164,39 @@ def simulate_shared(
 ) -> AllocatorResult:
     """`simulate`; within `shared_runs()`, the result of an earlier call with the same events
     and the same settings when there is one (the same values, `block_bytes` a new dict)."""
-    if _shared is None:
-        return simulate(events, config=config, capacity_bytes=capacity_bytes,
-                        total_bytes=total_bytes, record_blocks=record_blocks)  # fmt: skip
+    key = None if _shared is None else _run_key(events, config, capacity_bytes, total_bytes,
+                                                  record_blocks)  # fmt: skip
+    if _shared is not None and key is not None and key in _shared:
+        _shared.move_to_end(key)
+        compact, blocks = _shared[key]
+        if blocks is None:
+            return compact
+        return replace(compact, block_bytes=dict(zip(*blocks, strict=True)))
+    result = simulate(events, config=config, capacity_bytes=capacity_bytes,
+                      total_bytes=total_bytes, record_blocks=record_blocks)  # fmt: skip
+    if _shared is not None and key is not None:
+        held = result.block_bytes
+        blocks = None if held is None else (array("q", held), array("q", held.values()))
+        _shared[key] = (replace(result, block_bytes=None), blocks)
+        if len(_shared) > SHARED_RUNS_KEPT:
+            _shared.popitem(last=False)
+    return result
+
+
+def _run_key(
+    events: list[tuple[int, int, int]], config: AllocatorConfig, capacity_bytes: int | None,
+    total_bytes: int | None, record_blocks: bool,
+) -> bytes | None:  # fmt: skip
+    """A digest of the stream and of what else changes its run; None for a stream marshal does
+    not take (numbers of other types): it is replayed, not shared."""
     fraction = config.per_process_memory_fraction
     # The device's total only matters through a memory fraction below 1 (CachingAllocator).
     total = total_bytes if fraction is not None and fraction < 1.0 else None
     try:
         # Version 2 writes every value, never a back-reference: equal streams, equal bytes.
         stream = marshal.dumps(events, 2)
-    except ValueError:  # not plain ints (e.g. numpy's): replayed, not shared
-        return simulate(events, config=config, capacity_bytes=capacity_bytes,
-                        total_bytes=total_bytes, record_blocks=record_blocks)  # fmt: skip
+    except ValueError:
+        return None
     digest = hashlib.blake2b(repr((config, capacity_bytes, total, record_blocks)).encode())
     digest.update(stream)
-    key = digest.digest()
-    hit = _shared.get(key)
-    if hit is not None:
-        _shared.move_to_end(key)
-        compact, keys, sizes = hit
-        if keys is None or sizes is None:
-            return compact
-        return replace(compact, block_bytes=dict(zip(keys, sizes, strict=True)))
-    result = simulate(events, config=config, capacity_bytes=capacity_bytes,
-                      total_bytes=total_bytes, record_blocks=record_blocks)  # fmt: skip
-    blocks = result.block_bytes
-    if blocks is None:
-        _shared[key] = (result, None, None)
-    else:
-        _shared[key] = (replace(result, block_bytes=None), array("q", blocks),
-                        array("q", blocks.values()))  # fmt: skip
-    if len(_shared) > SHARED_RUNS_KEPT:
-        _shared.popitem(last=False)
-    return result
+    return digest.digest()
