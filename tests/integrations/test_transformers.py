@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 import memfit  # noqa: E402
+from memfit._compat import checkpointing_training_argument  # noqa: E402
 from memfit.errors import BadInputError  # noqa: E402
 from memfit.integrations._reading import optimizer_layout  # noqa: E402
 from memfit.integrations._session import AGREEMENT  # noqa: E402
@@ -101,7 +102,8 @@ def test_lora_through_peft_is_read_from_the_model(tmp_path):
 def test_checkpointing_and_accumulation_are_read_and_training_is_unchanged(tmp_path):
     def trained(callbacks):
         model = tiny_gpt2(2, n_positions=SEQ)
-        args = _args(tmp_path, gradient_accumulation_steps=2, activation_checkpointing=True)
+        on = {checkpointing_training_argument(): True}  # the name changed in transformers 5.23
+        args = _args(tmp_path, gradient_accumulation_steps=2, **on)
         _train(model, args, callbacks)
         return [p.detach().clone() for p in model.parameters()]
 

@@ -43,6 +43,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
+from memfit._compat import aten_op
 from memfit.events import ALLOC, FREE, RELEASE_OP, Category, Event, StorageRecord
 from memfit.techniques.checkpointing import region_listeners
 
@@ -55,6 +56,9 @@ _FLOP_FORMULAS = flop_registry
 SCALAR_CONSTANT_OPS = frozenset({"lift_fresh.default", "lift_fresh_copy.default"})
 
 META_KEY = "memfit"
+
+#: aten::_grouped_mm (MoE experts), from torch 2.8; None on a torch without it.
+_GROUPED_MM = aten_op("_grouped_mm")
 
 
 def memory_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -220,7 +224,7 @@ class Tracker(TorchDispatchMode):
         name = func.__name__ if hasattr(func, "__name__") else str(func)
         self._op = name
         try:
-            if func is torch.ops.aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
+            if func is _GROUPED_MM and args[0].dtype != torch.bfloat16:
                 out = _grouped_mm_other_dtype(*args, **(kwargs or {}))
             else:
                 out = func(*args, **(kwargs or {}))

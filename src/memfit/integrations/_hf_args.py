@@ -102,7 +102,9 @@ _OPTIM_OF = {
 
 
 def _checkpointing_field(args: Any) -> str:
-    """transformers 5 names it `activation_checkpointing`; earlier, `gradient_checkpointing`."""
+    """`activation_checkpointing` from transformers 5.23, earlier `gradient_checkpointing`
+    (memfit._compat.checkpointing_training_argument); read from the arguments themselves, so a
+    subclass that adds the field is read too."""
     if hasattr(args, "activation_checkpointing"):
         return "activation_checkpointing"
     return "gradient_checkpointing"

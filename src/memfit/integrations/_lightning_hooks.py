@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+from memfit._compat import checkpointing_enable_method
 from memfit.errors import BadInputError, TraceError
 from memfit.estimator.step_runner import traced_micro_batches
 from memfit.estimator.tracker import Tracker
@@ -251,7 +252,7 @@ def argument_changes(
         other.append(f"the optimizer {w.optimizer} (memfit's name) in configure_optimizers")
     if w.checkpointing == "blocks" and now.checkpointing != "blocks":
         other.append(
-            "checkpoint the repeated blocks (model.activation_checkpointing_enable() for a "
+            f"checkpoint the repeated blocks (model.{checkpointing_enable_method()}() for a "
             "transformers model, or torch.utils.checkpoint in the module)"
         )
     if w.gpus > 1:
