@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 import pickle
 import pickletools
 import re
@@ -223,6 +224,27 @@ def test_real_estimate_replays_to_the_profile(gpt2_profile, conf, tmp_path):
     assert memory_viz.segments(snap, format_flamegraph=no_flamegraph)
     assert "Active Memory Timeline" in memory_viz.trace_plot(snap)
     assert "Allocator State History" in memory_viz.segment_plot(snap)
+
+
+class _ClassFree(pickle.Unpickler):
+    """An unpickler that knows no class, as MemoryViz.js's: a snapshot must hold only the plain
+    types `torch.cuda.memory._snapshot()` gives (dict, list, tuple, str, int, float, bool)."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"the snapshot refers to {module}.{name}")
+
+
+def test_a_real_estimate_pickles_to_plain_types_memory_viz_reads(gpt2_profile, tmp_path):
+    # Regression: entries held memfit's Category enum, so the file needed memfit to load and
+    # used STACK_GLOBAL/REDUCE, which MemoryViz.js rejects.
+    path = tmp_path / "s.pickle"
+    to_memory_viz(gpt2_profile, path)
+    data = path.read_bytes()
+    assert {op.name for op, _, _ in pickletools.genops(data)} <= JS_OPCODES
+    snap = _ClassFree(io.BytesIO(data)).load()
+    cats = {e["category"] for e in snap["device_traces"][0]}
+    assert all(type(c) is str for c in cats)
+    assert {"parameters", "activations", "unknown"} <= cats
 
 
 def test_snapshot_dict_is_returned_without_writing():

@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import pickle
+from enum import Enum
 from bisect import bisect_right
 from pathlib import Path
 from typing import Any
@@ -61,9 +62,20 @@ Frames = list[dict[str, Any]]
 Segment = tuple[int, list[tuple[int, bool]]]  # (address, [(block size, allocated), ...])
 
 
+def _plain(category: str) -> str:
+    """A category as the plain `str` a snapshot holds. memfit's categories are a str-Enum, which
+    pickles as a reference to memfit's class: a file that needs memfit to load, with opcodes
+    (STACK_GLOBAL, REDUCE) that MemoryViz.js's unpickler rejects."""
+    return str(category.value) if isinstance(category, Enum) else str(category)
+
+
 def _frames(rec: StorageRecord) -> Frames:
     return [
-        {"filename": rec.module or "<top>", "line": 0, "name": f"{rec.op} [{rec.category}]"},
+        {
+            "filename": rec.module or "<top>",
+            "line": 0,
+            "name": f"{rec.op} [{_plain(rec.category)}]",
+        },
         {"filename": "<memfit>", "line": 0, "name": f"{rec.phase} step {rec.step}"},
     ]
 
@@ -200,7 +212,7 @@ def memory_viz_snapshot(
                 table = new
                 starts = [a for a, _ in table]
                 ends = [a + sum(s for s, _ in b) for a, b in table]
-            entry("alloc", addr, size, t, frames, rec.category)
+            entry("alloc", addr, size, t, frames, _plain(rec.category))
         else:
             if sid not in addr_of:
                 raise BadInputError(f"event {t}: free of storage {sid} that is not allocated.")
@@ -210,7 +222,7 @@ def memory_viz_snapshot(
             alloc.free(addr)
             frames = frames_of.pop(sid)
             for action in ("free_requested", "free_completed"):
-                entry(action, addr, size, t, frames, rec.category)
+                entry(action, addr, size, t, frames, _plain(rec.category))
     return {
         "segments": [
             _segment_dict(a, blocks, sid_at, records, frames_of, small, seg_frames, expandable)
