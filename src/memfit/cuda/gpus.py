@@ -108,3 +108,40 @@ class GPU:
     def rocm(self) -> bool:
         """An AMD card, run by PyTorch's ROCm build behind the torch.cuda API."""
         return self.architecture in ROCM_ARCHITECTURES
+
+
+#: The first compute capability with float8 matmuls (`torch._scaled_mm`: Ada sm89, Hopper).
+FP8_MATMUL_MIN_CC = (8, 9)
+
+
+def card_notes(gpu: GPU, precision: str, quantize: str | None) -> list[str]:
+    """What a run of this precision and quantization does differently on `gpu` than its figures
+    alone say: a dtype the card has no native support for. Said beside the verdict, never
+    silently.
+
+    - bfloat16 before sm80 (Turing, Volta): PyTorch runs it by emulation (the bytes are the
+      same, the matmuls run at the fp32 rate), but `torch.cuda.is_bf16_supported()` is False
+      there, so the HF Trainer (`bf16=True`) and Lightning (`precision="bf16-..."`) refuse to
+      start; fp16 is what those users run.
+    - float8 weight-only (torchao `Float8WeightOnlyConfig`): its linear dequantizes the weight
+      and runs the matmul in the activation dtype (torchao float8_tensor.py, the branch for an
+      input that is not a Float8Tensor), so it runs on any card; float8 matmuls, which need
+      sm89+, are not used.
+    """
+    notes: list[str] = []
+    cc = f"sm{gpu.compute_capability[0]}{gpu.compute_capability[1]}"
+    if precision.startswith("bf16") and not gpu.bf16:
+        notes.append(
+            f"{gpu.display_name} ({cc}) has no native bfloat16: PyTorch runs {precision} there "
+            "by emulation (the same bytes, matmuls at the fp32 rate), and the HF Trainer "
+            "(bf16=True) and Lightning refuse to start it because "
+            "torch.cuda.is_bf16_supported() is False. On this card use fp16-mixed to train, "
+            "fp16-true for inference"
+        )
+    if quantize == "fp8" and gpu.compute_capability < FP8_MATMUL_MIN_CC:
+        notes.append(
+            f"{gpu.display_name} ({cc}) has no float8 matmul (sm89+); fp8 here is weight-only "
+            "(torchao Float8WeightOnlyConfig), which dequantizes each weight before its matmul, "
+            "so it runs on this card as estimated"
+        )
+    return notes

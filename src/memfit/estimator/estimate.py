@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.cuda.allocator_config import AllocatorConfig
+from memfit.cuda.gpus import card_notes
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
 from memfit.estimator.attention import attention_class
@@ -379,6 +380,8 @@ def estimate_from_trace(
         )
     if w.embedding_on_cpu and tr.embedding_tied_to is not None:
         raise BadInputError(tied_embedding_message(tr.embedding_tied_to))
+    if gpu is not None:  # a dtype the card runs otherwise than natively
+        est.notes.extend(card_notes(gpu, w.precision, w.quantize))
     est.notes.extend(spec.notes)  # e.g. the loss a model of unknown head is traced with
     est.notes.extend(tr.notes)  # e.g. which layers stayed unquantized
     records, events = without_markers(tr) if w.mode == "generate" else (tr.records, tr.events)
