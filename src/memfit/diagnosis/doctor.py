@@ -89,6 +89,7 @@ from memfit.diagnosis.saved_tensors import SavedBook
 from memfit.diagnosis.sites import Clock
 from memfit.diagnosis.tracking import GradTracker, StorageTracker
 from memfit.errors import MemfitError
+from memfit.failsafe import Failsafe
 
 __all__ = [
     "EVAL_WITHOUT_NO_GRAD",
@@ -120,9 +121,14 @@ class Doctor:
         self._optimizer = optimizer
         self._model = model
         self._clock = Clock()
-        self._book = SavedBook(self._clock)
-        self._grad = GradTracker(self._clock, self._book)
-        self._storages = StorageTracker(self._clock)
+        # Everything the doctor runs inside the loop is guarded: its own failure stops it
+        # (the recorders pass everything through) and the loop runs on (memfit.failsafe).
+        self._failsafe = Failsafe("memfit.doctor")
+        self._failsafe.on_trip(self._stop)
+        self._found_before_failure: list[Finding] = []
+        self._book = SavedBook(self._clock, self._failsafe)
+        self._grad = GradTracker(self._clock, self._book, self._failsafe)
+        self._storages = StorageTracker(self._clock, self._failsafe)
         self._checks = Findings(self._clock, self._grad, self._storages, self._book)
         self._stack: ExitStack | None = None
         self._used = False
@@ -138,14 +144,29 @@ class Doctor:
 
     @property
     def findings(self) -> list[Finding]:
-        return self._checks.findings(final=not self._book.active)
+        """What was found; after a failure of the doctor's own (`failed`), what was found
+        before it."""
+        if self.failed is None:
+            return self._checks.findings(final=not self._book.active)
+        return self._found_before_failure
+
+    @property
+    def failed(self) -> str | None:
+        """Where and why the doctor's own bookkeeping failed inside the block, or None. It
+        then stopped watching (said once in a warning) and the block ran on without it."""
+        return self._failsafe.failed
 
     def step(self) -> None:
         """Mark a step boundary by hand (for loops without an optimizer)."""
         if self._stack is None or not self._book.active:
             raise MemfitError("dr.step() marks a step inside the `with doctor() as dr:` block.")
         self._manual = True
-        self._boundary()
+        self._failsafe.call("analysing a step boundary", self._boundary, default=None)
+
+    def _stop(self) -> None:
+        """Stop for good after a failure of the doctor's own: keep what was found so far."""
+        self._clock.stopped = True
+        self._found_before_failure = self._checks.findings(final=False)
 
     def __enter__(self) -> Doctor:
         if self._used:
@@ -153,15 +174,17 @@ class Doctor:
         self._used = True
         self._clock.root = sys._getframe(1)
         stack = ExitStack()
-        # Every optimizer's step is seen (their state is left out of growth); the boundaries
-        # are those of `self._primary`.
-        stack.callback(register_optimizer_step_post_hook(self._on_step).remove)
-        stack.enter_context(self._grad)
-        stack.enter_context(self._storages)
-        stack.enter_context(
-            torch.autograd.graph.saved_tensors_hooks(self._book.pack, self._book.unpack)
-        )
         self._stack = stack
+        with self._failsafe.guard("starting the doctor"):
+            # Every optimizer's step is seen (their state is left out of growth); the
+            # boundaries are those of `self._primary`.
+            on_step = self._failsafe.hook(self._on_step, "the doctor's optimizer step hook")
+            stack.callback(register_optimizer_step_post_hook(on_step).remove)
+            stack.enter_context(self._grad)
+            stack.enter_context(self._storages)
+            stack.enter_context(
+                torch.autograd.graph.saved_tensors_hooks(self._book.pack, self._book.unpack)
+            )
         return self
 
     def __exit__(
@@ -173,11 +196,13 @@ class Doctor:
         assert self._stack is not None
         self._clock.paused = True
         try:
-            with torch._C.DisableTorchFunction():
-                self._book.close()
+            if not self._clock.stopped:
+                with self._failsafe.guard("ending the doctor"), torch._C.DisableTorchFunction():
+                    self._book.close()
         finally:
             self._clock.root = None  # a finished frame would keep its variables alive
-            self._stack.close()
+            with self._failsafe.guard("removing the doctor's hooks"):
+                self._stack.close()
 
     def _on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._optimizers.add(optimizer)
@@ -189,6 +214,8 @@ class Doctor:
             self._boundary()
 
     def _boundary(self) -> None:
+        if self._clock.stopped:
+            return
         self._clock.paused = True
         try:
             with torch._C.DisableTorchFunction():  # the analysis's own tensor accesses

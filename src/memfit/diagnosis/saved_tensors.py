@@ -19,6 +19,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from memfit.diagnosis.graph import graph_handles, tensor_info
 from memfit.diagnosis.sites import Clock, Site
+from memfit.failsafe import Failsafe
 
 
 @dataclass
@@ -92,8 +93,9 @@ class SavedBook:
     one pass held for nothing.
     """
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, failsafe: Failsafe) -> None:
         self.clock = clock
+        self.failsafe = failsafe
         self.sites: dict[Site | None, SiteStats] = {}
         self.live: weakref.WeakSet[_Saved] = weakref.WeakSet()
         self.retentions: list[Retention] = []
@@ -101,10 +103,19 @@ class SavedBook:
         self._bursting: list[SiteStats] = []
 
     def pack(self, t: torch.Tensor) -> Any:
-        if self.clock.paused:
+        """The saved tensor's handle; the tensor itself (detached, as autograd keeps it without
+        hooks) while the doctor pauses, once it stopped, or when making the handle failed."""
+        if self.clock.paused or self.clock.stopped:
             return t.detach()
+        try:
+            return self._handle(t, sys._getframe(1))
+        except Exception as e:
+            self.failsafe.trip("recording a tensor saved for backward", e)
+            return t.detach()
+
+    def _handle(self, t: torch.Tensor, frame: Any) -> _Saved:
         self.new_burst()
-        site = self.clock.site_here(sys._getframe(1))
+        site = self.clock.site_here(frame)
         if site not in self.sites:
             self.sites[site] = SiteStats(order=len(self.sites))
         handle = _Saved(self, t, site)
@@ -114,13 +125,22 @@ class SavedBook:
     def unpack(self, handle: Any) -> torch.Tensor:
         if isinstance(handle, torch.Tensor):
             return handle
-        if handle.unpacks == 0:
-            self.sites[handle.site].used += 1
-        handle.unpacks += 1
+        if not self.clock.stopped:
+            with self.failsafe.guard("counting a use of a tensor saved for backward"):
+                if handle.unpacks == 0:
+                    self.sites[handle.site].used += 1
+                handle.unpacks += 1
+        # A handle lets go of its tensor only when autograd released it (`released`).
         assert handle.tensor is not None, "a released saved tensor was unpacked"
         return handle.tensor
 
     def released(self, handle: _Saved) -> None:
+        """A handle was released by autograd (from its `__del__`, inside the user's code)."""
+        if not self.clock.stopped:
+            with self.failsafe.guard("counting a released tensor saved for backward"):
+                self._released(handle)
+
+    def _released(self, handle: _Saved) -> None:
         freed = handle.drop() if handle.retains or not handle.unpacks else 0
         for rec, unpacks_then in handle.retains:
             rec.alive -= 1

@@ -203,6 +203,9 @@ class Clock:
 
     step: int = 0
     paused: bool = False
+    #: The doctor stopped for good after its own failure (memfit.failsafe): the recorders
+    #: pass everything through.
+    stopped: bool = False
     root: FrameType | None = None
     site: Site | None = None  # set while a backward runs: every op in it is from that line
 

@@ -26,6 +26,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from memfit.diagnosis.saved_tensors import SavedBook
 from memfit.diagnosis.sites import Clock, Site
+from memfit.failsafe import Failsafe
 
 #: Storage records are purged of dead entries when their number passes this (and then twice the
 #: number of live ones), so a long step does not grow the table without bound.
@@ -48,35 +49,50 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 class GradTracker(TorchFunctionMode):
     """Remembers (weakly) each tensor with a grad_fn, and the line that made it."""
 
-    def __init__(self, clock: Clock, book: SavedBook) -> None:
+    def __init__(self, clock: Clock, book: SavedBook, failsafe: Failsafe) -> None:
         super().__init__()
         self.clock = clock
         self.book = book
+        self.failsafe = failsafe
         self.sites: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _BACKWARD_FUNCS and not self.clock.paused:
+        clock = self.clock
+        if clock.stopped:
+            return func(*args, **kwargs)
+        if func in _BACKWARD_FUNCS and not clock.paused:
             return self._backward(func, args, kwargs)
+        # The user's call first, outside any guard; then the doctor's own bookkeeping.
         out = func(*args, **kwargs)
-        if not self.clock.paused and torch.is_grad_enabled():
-            site: Site | None = None
-            for t in _tensors(out):
-                if t.grad_fn is not None:
-                    site = site or self.clock.site_here(sys._getframe(1))
-                    self.sites[t] = site
+        if not clock.paused and torch.is_grad_enabled():
+            try:
+                self._remember(out, sys._getframe(1))
+            except Exception as e:
+                self.failsafe.trip("recording where a tensor was made", e)
         return out
 
+    def _remember(self, out: Any, frame: Any) -> None:
+        site: Site | None = None
+        for t in _tensors(out):
+            if t.grad_fn is not None:
+                site = site or self.clock.site_here(frame)
+                self.sites[t] = site
+
     def _backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        site = self.clock.site_here(sys._getframe(2))
+        site = self.failsafe.call(
+            "finding the line of a backward", self.clock.site_here, sys._getframe(2), default=None
+        )
         outer, self.clock.site = self.clock.site, site
         try:
             out = func(*args, **kwargs)
         finally:
             self.clock.site = outer
-        bound = _SIGNATURES[func].bind(*args, **kwargs).arguments
-        if bound.get("retain_graph"):
-            self.book.retain(site, _tensors(bound.get(_ROOT_ARG.get(func, "outputs"))))
+        if not self.clock.stopped:
+            with self.failsafe.guard("recording backward(retain_graph=True)"):
+                bound = _SIGNATURES[func].bind(*args, **kwargs).arguments
+                if bound.get("retain_graph"):
+                    self.book.retain(site, _tensors(bound.get(_ROOT_ARG.get(func, "outputs"))))
         return out
 
 
@@ -104,18 +120,24 @@ class StorageTracker(TorchDispatchMode):
     """Remembers (weakly) each storage created, with its size, the line and the step that made
     it, and whether it carries a value of that line across steps."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, failsafe: Failsafe) -> None:
         super().__init__()
         self.clock = clock
+        self.failsafe = failsafe
         self.records: dict[int, StorageRecord] = {}
         self._purge_at = _PURGE_MIN
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        # The user's op first, outside any guard (its exceptions, a real OutOfMemoryError, are
+        # the user's); then the doctor's bookkeeping, whose failure stops the doctor.
         out = func(*args, **kwargs)
-        if not self.clock.paused:
-            for t in _tensors(out):
-                self._record(t, args, kwargs)
+        if not (self.clock.paused or self.clock.stopped):
+            try:
+                for t in _tensors(out):
+                    self._record(t, args, kwargs)
+            except Exception as e:
+                self.failsafe.trip(f"recording the storages of the aten op {func}", e)
         return out
 
     def _record(self, t: torch.Tensor, args: tuple, kwargs: dict) -> None:

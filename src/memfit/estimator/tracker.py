@@ -34,22 +34,19 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import flop_registry
 
 from memfit._compat import aten_op
+from memfit.estimator.flops import counted_flops
 from memfit.events import ALLOC, FREE, RELEASE_OP, Category, Event, StorageRecord
+from memfit.failsafe import Failsafe
 from memfit.techniques.checkpointing import region_listeners
-
-#: PyTorch's FLOP formulas per op (the ones FlopCounterMode uses): matmuls, convolutions,
-#: attention kernels; elementwise ops count as zero, as in FlopCounterMode.
-_FLOP_FORMULAS = flop_registry
 
 #: Ops that materialise `torch.tensor(...)` constants. Without a device argument these are
 #: created on the CPU on a CUDA machine too.
@@ -86,7 +83,16 @@ class Tracker(TorchDispatchMode):
         model: the traced model (module paths are taken from its `named_modules`).
         block_paths: module paths of the repeated blocks, in order; the owner of an event is the
             index of the block it happens in, or -1.
+
+    A trace (fake tensors) raises whatever goes wrong, and the estimator reports it as a
+    TraceError. A live tracker (`memfit.measure`, over the user's real steps) has a
+    `failsafe`: the user's op always runs first and outside it, and a failure of the
+    tracker's own bookkeeping (after an op, in its module hooks, at a free) makes it step
+    aside (`step_aside`): it stops recording and passes every later op straight through.
     """
+
+    #: Set on live trackers (memfit.failsafe); None while tracing fake tensors.
+    failsafe: Failsafe | None = None
 
     def __init__(self, model: torch.nn.Module, block_paths: Iterable[str] = ()) -> None:
         super().__init__()
@@ -127,6 +133,8 @@ class Tracker(TorchDispatchMode):
         #: FLOPs by (step, phase, owner), counted with PyTorch's own formulas
         #: (torch.utils.flop_counter). Recomputation in backward is phase "recompute".
         self.flops: dict[tuple[int, str, int], int] = {}
+        #: Ops whose FLOP formula raised, with why: their FLOPs are left out of `flops`.
+        self.uncounted_flops: dict[str, str] = {}
 
     def add_model(self, model: torch.nn.Module, block_paths: Iterable[str] = ()) -> None:
         """Name `model`'s modules by their paths in it (and their repeated-block owners)."""
@@ -220,14 +228,31 @@ class Tracker(TorchDispatchMode):
     # -- dispatch ---------------------------------------------------------------------------
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        prev = self._op
+        kwargs = kwargs or {}
+        if self._closed:  # the trace is over, or a live tracker stepped aside: the op alone
+            return func(*args, **kwargs)
         name = func.__name__ if hasattr(func, "__name__") else str(func)
-        self._op = name
+        # The op itself first, outside any guard: its exceptions (a real OutOfMemoryError)
+        # are the caller's. Then the tracker's own bookkeeping.
+        out = self._run_op(func, name, args, kwargs)
+        if self._closed:
+            return out
+        if self.failsafe is None:
+            self._record_op(func, name, args, kwargs, out)
+            return out
         try:
-            if func is _GROUPED_MM and args[0].dtype != torch.bfloat16:
-                out = _grouped_mm_other_dtype(*args, **(kwargs or {}))
-            else:
-                out = func(*args, **(kwargs or {}))
+            self._record_op(func, name, args, kwargs, out)
+        except Exception as e:
+            self.step_aside(f"recording the aten op {name}", e)
+        return out
+
+    def _run_op(self, func: Any, name: str, args: Any, kwargs: dict[str, Any]) -> Any:
+        prev = self._op
+        self._op = name  # the op during which frees happen
+        try:
+            if self.failsafe is None and func is _GROUPED_MM and args[0].dtype != torch.bfloat16:
+                return _grouped_mm_other_dtype(*args, **kwargs)
+            return func(*args, **kwargs)
         except DataDependentOutputException:
             # Optimizers read scalars for arithmetic only (Adafactor's parameter RMS, found-inf
             # checks); no allocation depends on the value, so a neutral 1 stands in. In forward
@@ -237,18 +262,18 @@ class Tracker(TorchDispatchMode):
                 "backward",
             ):
                 raise
-            out = True if args[0].dtype == torch.bool else 1
+            return True if args[0].dtype == torch.bool else 1
         finally:
             self._op = prev
-        if self._closed:
-            return out
-        packet = getattr(func, "overloadpacket", None)
-        if packet in _FLOP_FORMULAS:
-            n = _FLOP_FORMULAS[packet](*args, **(kwargs or {}), out_val=out)
-            if n:
-                phase = "recompute" if self.phase == "backward" and self._stack else self.phase
-                key = (self.step, phase, self.context()[1])
-                self.flops[key] = self.flops.get(key, 0) + int(n)
+
+    def _record_op(self, func: Any, name: str, args: Any, kwargs: dict[str, Any],
+                   out: Any) -> None:  # fmt: skip
+        """The tracker's bookkeeping of an op that ran: its FLOPs and its new storages."""
+        n = counted_flops(func, name, args, kwargs, out, self.uncounted_flops)
+        if n:
+            phase = "recompute" if self.phase == "backward" and self._stack else self.phase
+            key = (self.step, phase, self.context()[1])
+            self.flops[key] = self.flops.get(key, 0) + n
         origins = None
         if not self._stack and self.phase in ("optimizer", "zero_grad"):
             origins = self._input_owners(name, args)
@@ -260,7 +285,25 @@ class Tracker(TorchDispatchMode):
                 else:
                     owner, module = origins[i] if i < len(origins) else origins[-1]
                     self._track(t, op=name, owner=owner, module=module)
-        return out
+
+    def step_aside(self, where: str, error: BaseException) -> None:
+        """A live tracker's own failure in `where`: stop recording (every later op passes
+        straight through) and report it once through the failsafe."""
+        self.close()
+        if self.failsafe is None:  # a trace: the estimator reports it
+            raise error
+        self.failsafe.trip(where, error)
+
+    def _guarded(self, where: str, fn: Callable[..., Any], *args: Any) -> None:
+        """`fn(*args)`, bookkeeping run from a hook inside the user's code: on a live tracker,
+        its failure steps aside instead of reaching the user's code."""
+        if self.failsafe is None:
+            fn(*args)
+            return
+        try:
+            fn(*args)
+        except Exception as e:
+            self.step_aside(where, e)
 
     def _input_owners(self, name: str, args: Any) -> list[tuple[int, str]]:
         """(owner, module) of each output outside forward/backward: that of the matching input.
@@ -356,8 +399,10 @@ class Tracker(TorchDispatchMode):
         storage to 0 and allocates it again by resizing it back; the storage object lives on,
         so no finalizer would see either. A resize is a free of the old size and an
         allocation of the new one."""
-        if self._closed:
-            return
+        if not self._closed:
+            self._guarded("recording a storage resize", self._resize, storage, nbytes)
+
+    def _resize(self, storage: Any, nbytes: int) -> None:
         key = id(storage)
         sid = self._live.get(key)
         if sid is not None:
@@ -370,6 +415,10 @@ class Tracker(TorchDispatchMode):
                              owner=-1, host=False)  # fmt: skip
 
     def _on_free(self, key: int, sid: int) -> None:
+        # A finalizer: it runs inside whatever op or Python code dropped the storage.
+        self._guarded("recording a free", self._freed, key, sid)
+
+    def _freed(self, key: int, sid: int) -> None:
         self._finalized.discard(key)
         if key in self._resized:  # the allocation alive now, if any, is what dies
             self._resized.discard(key)
@@ -395,8 +444,14 @@ class Tracker(TorchDispatchMode):
     # -- module hooks -----------------------------------------------------------------------
 
     def _pre_hook(self, module: torch.nn.Module, args: Any) -> None:
-        if self._closed:
-            return
+        if not self._closed:
+            self._guarded("the tracker's forward pre-hook", self._enter_module, module, args)
+
+    def _post_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if not self._closed and self._stack:
+            self._guarded("the tracker's forward hook", self._leave_module, output)
+
+    def _enter_module(self, module: torch.nn.Module, args: Any) -> None:
         enclosing = self.context() if self._stack else ("", -1)
         tag_graph(args, enclosing)
         mid = id(module)
@@ -406,9 +461,7 @@ class Tracker(TorchDispatchMode):
             owner = self._stack[-1][1]
         self._stack.append((name, owner))
 
-    def _post_hook(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if self._closed or not self._stack:
-            return
+    def _leave_module(self, output: Any) -> None:
         ctx = self._stack.pop()
         tag_graph(output, ctx)
 
@@ -425,8 +478,11 @@ class Tracker(TorchDispatchMode):
         In backward this is a recomputation: its allocations are activations of a new forward
         region, attributed to the block.
         """
-        if self._closed or self.phase != "backward":
-            return
+        if not self._closed and self.phase == "backward":
+            self._guarded("the tracker's checkpointed-region listener", self._block_region, path,
+                          entering)  # fmt: skip
+
+    def _block_region(self, path: str, entering: bool) -> None:
         if entering:
             self._region_counter += 1
             self._region = self._region_counter

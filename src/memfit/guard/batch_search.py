@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from memfit.errors import BadInputError
+from memfit.failsafe import Failsafe
 from memfit.guard.retry import MAX_BATCH, free_memory
 from memfit.simulation.simulated_gpu import active
 
@@ -72,6 +73,7 @@ def find_batch_size(
         raise BadInputError(f"start ({start}) is larger than the largest batch to try ({upper}).")
     t0 = time.perf_counter()
     tries: list[tuple[int, bool]] = []
+    bar = Failsafe("find_batch_size's progress bar")
     with _progress(progress) as report:
         sim = active()
         fresh = sim is not None and sim.fake
@@ -85,7 +87,7 @@ def find_batch_size(
             # frees its tensors by reference counting.
             free_memory(model, optimizer, collect=not ok)
             tries.append((b, ok))
-            report(b, ok)
+            bar.call("drawing the progress bar", report, b, ok, default=None)  # a side figure
             return ok
 
         good = largest_passing(runs, start=start, upper=upper)

@@ -9,6 +9,10 @@ under `memfit.simulate`). An OOM once `optimizer.step()` has started (in it, or 
 the same attempt; or once a GradScaler's `step()` ran) is never retried: the update may
 already be applied, and a smaller micro-batch does not shrink optimizer memory.
 
+The guard's own work (watching `optimizer.step()`, deciding, freeing memory) never breaks the
+step: when it fails, the guard stops (`failed` says why, a warning says it once) and the step
+runs, or its OOM propagates, as without the guard (memfit.failsafe).
+
 Limitations: an OOM that CUDA libraries report as a plain RuntimeError ("CUBLAS_STATUS_ALLOC_
 FAILED", "CUDA error: out of memory") is not caught; with DDP/FSDP an OOM on one rank leaves the
 others waiting in a collective, so guard the step on every rank or search before wrapping.
@@ -26,6 +30,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from memfit.errors import BadInputError
+from memfit.failsafe import Failsafe
 from memfit.simulation.simulated_gpu import active
 
 __all__ = ["GuardedStep", "TrainStep", "oom_guard"]
@@ -142,7 +147,9 @@ class GuardedStep:
     """A `TrainStep` whose `step` survives OOM; see `oom_guard`. Other attributes pass through.
 
     `micro_batch_size` is the largest micro-batch that ran after an OOM (None before any):
-    each later step sets `setup.grad_accum = ceil(batch size / micro_batch_size)`.
+    each later step sets `setup.grad_accum = ceil(batch size / micro_batch_size)`. `failed`
+    says where and why the guard's own work failed, if it did: it then stopped guarding (said
+    once in a warning) and steps run as they would without it.
     """
 
     def __init__(self, setup: TrainStep, *, min_micro_batch: int = 1, scaler: Any = None) -> None:
@@ -151,11 +158,16 @@ class GuardedStep:
         self.scaler = scaler if scaler is not None else getattr(setup, "scaler", None)
         self.micro_batch_size: int | None = None
         self.retries = 0
+        self.failsafe = Failsafe("memfit's oom_guard")
 
     def __getattr__(self, name: str) -> Any:
-        if name == "setup":  # not set yet (copy, pickle): no recursion
+        if name in ("setup", "failsafe"):  # not set yet (copy, pickle): no recursion
             raise AttributeError(name)
         return getattr(self.setup, name)
+
+    @property
+    def failed(self) -> str | None:
+        return self.failsafe.failed
 
     def step(self, batch: Any, *args: Any, **kwargs: Any) -> float:
         """`setup.step(batch, ...)`, redone with more accumulation after an OOM."""
@@ -163,31 +175,57 @@ class GuardedStep:
         size = batch_size_of(batch)
         if self.micro_batch_size is not None:
             s.grad_accum = accumulation_for(size, self.micro_batch_size)
+        fs = self.failsafe
         while True:
-            with _OptimizerWatch(s.optimizer, self.scaler) as watch:
-                try:
-                    return s.step(batch, *args, **kwargs)
-                except torch.OutOfMemoryError as e:
-                    if watch.started:
-                        raise _optimizer_oom(e) from e
-                    new = _more_accumulation(size, s.grad_accum, self.min_micro_batch)
-                    if new is None:
-                        raise torch.OutOfMemoryError(
-                            f"Out of memory with micro-batch {_ceil_div(size, s.grad_accum)} "
-                            f"(batch {size} in {s.grad_accum} micro-batches), and it cannot be "
-                            f"halved (min_micro_batch={self.min_micro_batch}). ({e})"
-                        ) from e
+            watch = _OptimizerWatch(s.optimizer, self.scaler)
+            if fs.call("watching optimizer.step()", watch.__enter__, default=None) is None:
+                return s.step(batch, *args, **kwargs)  # unguarded, as without memfit
+            try:
+                return s.step(batch, *args, **kwargs)
+            except torch.OutOfMemoryError as e:
+                decision = fs.call("deciding on a retry", self._decide, e, watch, size, default=e)
+                if isinstance(decision, torch.OutOfMemoryError):
+                    if decision is e:  # the guard failed: the error, as without memfit
+                        raise
+                    raise decision from e
+                new, message = decision, str(e)
+            finally:
+                with fs.guard("watching optimizer.step()"):  # removed also after a failure
+                    watch.__exit__(None, None, None)
             # The exception and its frames are gone here; the step's tensors can be freed.
-            free_memory(s.model, s.optimizer)
-            reset_scaler(self.scaler)
-            self.micro_batch_size = _ceil_div(size, new)
-            log.warning(
-                "CUDA out of memory at micro-batch %d: retrying the step with micro-batch %d "
-                "and gradient accumulation %d (effective batch %d unchanged).",
-                _ceil_div(size, s.grad_accum), self.micro_batch_size, new, size,
-            )  # fmt: skip
-            s.grad_accum = new
-            self.retries += 1
+            if not fs.call("freeing memory for the retry", self._prepare_retry, size, new,
+                           default=False):  # fmt: skip
+                raise torch.OutOfMemoryError(f"{message} (not retried: {fs.failed})")
+
+    def _decide(
+        self, e: torch.OutOfMemoryError, watch: _OptimizerWatch, size: int
+    ) -> int | torch.OutOfMemoryError:
+        """The accumulation to retry with, or the error to raise instead."""
+        s = self.setup
+        if watch.started:
+            return _optimizer_oom(e)
+        new = _more_accumulation(size, s.grad_accum, self.min_micro_batch)
+        if new is None:
+            return torch.OutOfMemoryError(
+                f"Out of memory with micro-batch {_ceil_div(size, s.grad_accum)} "
+                f"(batch {size} in {s.grad_accum} micro-batches), and it cannot be "
+                f"halved (min_micro_batch={self.min_micro_batch}). ({e})"
+            )
+        return new
+
+    def _prepare_retry(self, size: int, new: int) -> bool:
+        s = self.setup
+        free_memory(s.model, s.optimizer)
+        reset_scaler(self.scaler)
+        self.micro_batch_size = _ceil_div(size, new)
+        log.warning(
+            "CUDA out of memory at micro-batch %d: retrying the step with micro-batch %d "
+            "and gradient accumulation %d (effective batch %d unchanged).",
+            _ceil_div(size, s.grad_accum), self.micro_batch_size, new, size,
+        )  # fmt: skip
+        s.grad_accum = new
+        self.retries += 1
+        return True
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -215,31 +253,59 @@ class _GuardedFunction:
         self.min_micro_batch = min_micro_batch
         self.micro_batch_size: int | None = None  # the last size that ran (kept for next calls)
         self.retries = 0
+        self.failsafe = Failsafe("memfit's oom_guard")
+
+    @property
+    def failed(self) -> str | None:
+        """Where and why the guard's own work failed (it then stopped guarding), or None."""
+        return self.failsafe.failed
 
     def __call__(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
         size = batch_size_of(batch)
         mbs = min(self.micro_batch_size or size, size)
+        fs = self.failsafe
         while True:
-            with _OptimizerWatch(self.optimizer, self.scaler) as watch:
-                try:
-                    out = self.fn(batch, *args, micro_batch_size=mbs, **kwargs)
-                    self.micro_batch_size = mbs
-                    return out
-                except torch.OutOfMemoryError as e:
-                    if watch.started:
-                        raise _optimizer_oom(e) from e
-                    if mbs // 2 < self.min_micro_batch:
-                        raise torch.OutOfMemoryError(
-                            f"Out of memory with micro_batch_size={mbs}, which cannot be halved "
-                            f"(min_micro_batch={self.min_micro_batch}). ({e})"
-                        ) from e
-            free_memory(self.model, self.optimizer)
-            reset_scaler(self.scaler)
-            log.warning(
-                "CUDA out of memory at micro_batch_size=%d: retrying with %d.", mbs, mbs // 2
+            watch = _OptimizerWatch(self.optimizer, self.scaler)
+            if fs.call("watching optimizer.step()", watch.__enter__, default=None) is None:
+                return self.fn(batch, *args, micro_batch_size=mbs, **kwargs)  # unguarded
+            try:
+                out = self.fn(batch, *args, micro_batch_size=mbs, **kwargs)
+                self.micro_batch_size = mbs
+                return out
+            except torch.OutOfMemoryError as e:
+                decision = fs.call("deciding on a retry", self._decide, e, watch, mbs, default=e)
+                if isinstance(decision, torch.OutOfMemoryError):
+                    if decision is e:  # the guard failed: the error, as without memfit
+                        raise
+                    raise decision from e
+                new, message = decision, str(e)
+            finally:
+                with fs.guard("watching optimizer.step()"):  # removed also after a failure
+                    watch.__exit__(None, None, None)
+            if not fs.call("freeing memory for the retry", self._prepare_retry, mbs, new,
+                           default=False):  # fmt: skip
+                raise torch.OutOfMemoryError(f"{message} (not retried: {fs.failed})")
+            mbs = new
+
+    def _decide(
+        self, e: torch.OutOfMemoryError, watch: _OptimizerWatch, mbs: int
+    ) -> int | torch.OutOfMemoryError:
+        """The micro-batch size to retry with, or the error to raise instead."""
+        if watch.started:
+            return _optimizer_oom(e)
+        if mbs // 2 < self.min_micro_batch:
+            return torch.OutOfMemoryError(
+                f"Out of memory with micro_batch_size={mbs}, which cannot be halved "
+                f"(min_micro_batch={self.min_micro_batch}). ({e})"
             )
-            mbs //= 2
-            self.retries += 1
+        return mbs // 2
+
+    def _prepare_retry(self, mbs: int, new: int) -> bool:
+        free_memory(self.model, self.optimizer)
+        reset_scaler(self.scaler)
+        log.warning("CUDA out of memory at micro_batch_size=%d: retrying with %d.", mbs, new)
+        self.retries += 1
+        return True
 
 
 def oom_guard(setup_or_fn: Any = None, *, model: torch.nn.Module | None = None,

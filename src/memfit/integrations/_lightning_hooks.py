@@ -34,7 +34,7 @@ from memfit.integrations._reading import (
     spec_of_run,
     strip_hf_checkpointing,
 )
-from memfit.integrations._session import RunReading, SessionResults
+from memfit.integrations._session import RunReading, SessionResults, callback_hook
 from memfit.workload import Workload
 
 #: Lightning precision -> the autocast dtype it runs ("-true" precisions cast the module; the
@@ -181,10 +181,14 @@ class LightningHooks(SessionResults):
         stop: raise WontFitError before the first step when the run will not fit.
         strict: raise when the run cannot be estimated, instead of printing why.
         print_fn: where reports go (print).
+
+    An unexpected error in memfit's own work is printed once, stops the callback and lets
+    training go on (unless `strict`); `failed` then says where and why.
     """
 
     _read = False  # the first batch has been read (set on the instance then)
 
+    @callback_hook("estimating the run (on_train_batch_start)")
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:  # fmt: skip
         s = self.session
@@ -208,15 +212,18 @@ class LightningHooks(SessionResults):
             optimizers = list(getattr(trainer, "optimizers", []) or [])
             s.start_measuring(pl_module, optimizers[0] if optimizers else None)
 
+    @callback_hook("ending the measurement (on_train_batch_end)")
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:  # fmt: skip
         if self.session.measuring and trainer.global_step >= self._measure_until:
             self.session.stop_measuring()
 
+    @callback_hook("ending the measurement (on_train_end)")
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         if self.session.measuring:
             self.session.stop_measuring()
 
+    @callback_hook("explaining the out-of-memory error (on_exception)")
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """An out-of-memory error in the measured steps: what held the memory is printed."""
         if self.session.measuring:

@@ -9,14 +9,16 @@ their trainer into a `RunReading` and turn a plan into their trainer's settings.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from memfit.errors import BadInputError, MemfitError
 from memfit.estimator.estimate import Estimate, estimate
+from memfit.failsafe import Failsafe
 from memfit.measurement.measure import Measurement, measure
 from memfit.models.sources import ModelSpec
 from memfit.planner.search import Goal, Plan, plan
@@ -24,7 +26,9 @@ from memfit.report.text import render_text
 from memfit.units import format_bytes
 from memfit.workload import Workload
 
-__all__ = ["Comparison", "RunReading", "Session", "WontFitError"]
+__all__ = ["Comparison", "RunReading", "Session", "WontFitError", "callback_hook"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 #: Planner techniques a trainer's own settings cannot express (they need memfit.apply_ or
 #: code changes): the plan a callback suggests leaves them out, so that every change it names
@@ -193,7 +197,15 @@ class Session:
             inner = inner.optimizer
         opt = inner if isinstance(inner, torch.optim.Optimizer) else None
         self._measurement = measure(model, opt)
+        self._measurement._report = self.print_fn  # its own failure, said once, as ours
         self._measurement.__enter__()
+
+    def abandon_measuring(self) -> None:
+        """End a running measurement without comparing (the callback stopped)."""
+        m, self._measurement = self._measurement, None
+        if m is not None:
+            self.measurement = m
+            m.__exit__(None, None, None)
 
     @property
     def measuring(self) -> bool:
@@ -216,7 +228,7 @@ class Session:
             )
             return None
         m.__exit__(None, None, None)
-        if self.estimate is None or m.profile is None:
+        if self.estimate is None or m.profile is None:  # m.failed: it said why already
             return None
         est = self.estimate.profile
         cuda = m.device.startswith("cuda")
@@ -244,12 +256,42 @@ def _gpu_of(device: torch.device | str | None, print_fn: Callable[[str], None]) 
         return None
 
 
+def callback_hook(where: str) -> Callable[[F], F]:
+    """A callback hook (a method of a `SessionResults`) that never breaks the training: an
+    unexpected exception in memfit's own work is reported once (the session's print_fn) and
+    stops the callback, and training goes on (memfit.failsafe). `WontFitError` (the intended
+    stop) and, with `strict=True`, every exception are raised."""
+
+    def wrap(method: F) -> F:
+        @functools.wraps(method)
+        def hook(self: SessionResults, *args: Any, **kwargs: Any) -> Any:
+            if self.failsafe.failed is not None:
+                return None
+            try:
+                return method(self, *args, **kwargs)
+            except WontFitError:
+                raise
+            except Exception as e:
+                if self.strict:
+                    raise
+                self.failsafe.trip(where, e)
+                return None
+
+        return hook  # type: ignore[return-value]
+
+    return wrap
+
+
 class SessionResults:
     """A callback's session and what it found: the estimate, the plan when the run did not
     fit, and the estimate-against-measured comparison of the first steps. The arguments are
-    the callbacks' (memfit.integrations.transformers.MemfitCallback documents them)."""
+    the callbacks' (memfit.integrations.transformers.MemfitCallback documents them).
+
+    `failed` says where and why memfit's own work failed during the run, if it did (said once
+    through print_fn; the callback then stopped and training went on)."""
 
     session: Session
+    failsafe: Failsafe
 
     def __init__(
         self,
@@ -264,6 +306,15 @@ class SessionResults:
         self.session = Session(gpu=gpu, measure_steps=measure_steps, stop=stop, print_fn=print_fn)
         self.strict = strict
         self._measure_until = 0
+        self.failsafe = Failsafe("memfit's callback", print_fn)
+        self.failsafe.on_trip(self.session.abandon_measuring)
+
+    @property
+    def failed(self) -> str | None:
+        """Where and why memfit failed during the run (the callback, or its measurement), or
+        None."""
+        m = self.session.measurement or self.session._measurement
+        return self.failsafe.failed or (m.failed if m is not None else None)
 
     @property
     def estimate(self) -> Any:

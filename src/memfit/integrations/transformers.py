@@ -41,7 +41,12 @@ from memfit.integrations._hf_args import (
     training_arguments_for,
 )
 from memfit.integrations._reading import meta_copy
-from memfit.integrations._session import Comparison, SessionResults, WontFitError
+from memfit.integrations._session import (
+    Comparison,
+    SessionResults,
+    WontFitError,
+    callback_hook,
+)
 
 __all__ = [
     "OPTIM_LAYOUTS",
@@ -68,12 +73,15 @@ class MemfitCallback(SessionResults, transformers.TrainerCallback):
             model) instead of printing why and training on.
         print_fn: where reports go (print).
 
-    After training: `estimate`, `plan` (when it did not fit), `comparison`.
+    After training: `estimate`, `plan` (when it did not fit), `comparison`, and `failed`:
+    an unexpected error in memfit's own work is printed once, stops the callback and lets
+    training go on (unless `strict`); `failed` then says where and why.
     """
 
     _unsharded: Any = None
     _unsharded_error: BadInputError | None = None
 
+    @callback_hook("copying the model before sharding (on_init_end)")
     def on_init_end(self, args, state, control, model=None, **kwargs):
         # With FSDP the Trainer shards the model as training begins (accelerate's prepare, in
         # place): the estimate reads a meta copy made now, before it is sharded.
@@ -83,6 +91,7 @@ class MemfitCallback(SessionResults, transformers.TrainerCallback):
             except BadInputError as e:
                 self._unsharded_error = e
 
+    @callback_hook("estimating the run (on_train_begin)")
     def on_train_begin(self, args, state, control, model=None, optimizer=None,
                        train_dataloader=None, **kwargs):  # fmt: skip
         s = self.session
@@ -102,20 +111,24 @@ class MemfitCallback(SessionResults, transformers.TrainerCallback):
         s.check_fit(lambda w: argument_changes(w, args), lambda: current_arguments(args),
                     fsdp_mixed="accelerate")  # fmt: skip
 
+    @callback_hook("starting the measurement (on_step_begin)")
     def on_step_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         s = self.session
         if s.measure_steps and not s.measuring and s.comparison is None and model is not None:
             self._measure_until = state.global_step + s.measure_steps
             s.start_measuring(model, optimizer)
 
+    @callback_hook("ending the measurement (on_step_end)")
     def on_step_end(self, args, state, control, **kwargs):
         if self.session.measuring and state.global_step >= self._measure_until:
             self.session.stop_measuring()
 
+    @callback_hook("ending the measurement (on_train_end)")
     def on_train_end(self, args, state, control, **kwargs):
         if self.session.measuring:  # fewer steps than measure_steps
             self.session.stop_measuring()
 
+    @callback_hook("explaining the out-of-memory error")
     def explain_oom(self, error: BaseException) -> None:
         """After `torch.OutOfMemoryError` escaped `trainer.train()` during the measured steps:
         end the measurement and print what held the memory."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from memfit.errors import BadInputError
 from memfit.estimator.tracker import Tracker, memory_tensor, parameter_modules
 from memfit.events import Category
-from memfit.measurement.phases import PhaseHooks
+from memfit.failsafe import Failsafe
+from memfit.measurement.phases import PhaseHooks, guarded
 from memfit.models.structure import find_repeated_blocks
 from memfit.profile import MemoryProfile
 from memfit.simulation.oom_live import explain_live
@@ -78,9 +79,13 @@ class _LiveTracker(Tracker):
                 self.records[sid].host = True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.phase != "backward" and torch._C._current_autograd_node() is not None:
-            self.set_phase("backward")
-        if getattr(func, "namespace", "aten") not in _BUILTIN_NAMESPACES:
+        if not self._closed:
+            try:
+                if self.phase != "backward" and torch._C._current_autograd_node() is not None:
+                    self.set_phase("backward")
+            except Exception as e:
+                self.step_aside("finding the backward phase", e)
+        if not self._closed and getattr(func, "namespace", "aten") not in _BUILTIN_NAMESPACES:
             func = _SeenInside(func, self)
         return super().__torch_dispatch__(func, types, args, kwargs)
 
@@ -135,7 +140,13 @@ class Measurement:
     #: On CUDA with record_history: `torch.cuda.memory._snapshot()` at the end of the block
     #: (the pickle pytorch.org/memory_viz opens, with the allocator's real segments).
     cuda_snapshot: dict[str, Any] | None = None
+    #: When memfit's own bookkeeping failed inside the block: where and why ("recording the
+    #: aten op mm.default: RuntimeError: ..."). memfit then stopped observing and the block ran
+    #: on as it would without it; `profile` is None (what was recorded is incomplete), the
+    #: CUDA figures are still read. Reported once (`warnings.warn`, or the callback's print).
+    failed: str | None = None
     _record_history: bool = field(default=False, repr=False)
+    _report: Callable[[str], None] | None = field(default=None, repr=False)
     _model: torch.nn.Module | None = field(default=None, repr=False)
     _optimizer: torch.optim.Optimizer | None = field(default=None, repr=False)
     _hooks: list[Any] = field(default_factory=list, repr=False)
@@ -177,32 +188,57 @@ def measure(
 
 @contextlib.contextmanager
 def _measuring(m: Measurement) -> Iterator[Measurement]:
-    model = m._model
-    root = model if model is not None else torch.nn.Module()
-    tracker = _LiveTracker(root, find_repeated_blocks(root) if model is not None else [])
-    _reset_cuda_statistics(m)
-    phases = PhaseHooks(m, tracker, model, on_new_model=_register_model)
-    m._hooks = phases.install()
+    # Everything memfit does here runs inside the user's code: its failure stops the
+    # measurement (memfit.failsafe) and the block runs on as without it.
+    failsafe = Failsafe("memfit.measure", m._report)
+    tracker: _LiveTracker | None = None
+    stack = contextlib.ExitStack()
+    with failsafe.guard("starting the measurement"):
+        tracker = _start(m, failsafe, stack)
     try:
-        with tracker:
-            tracker.set_phase("setup", 0)
-            _register_start(m, tracker)
-            try:
-                yield m
-            except torch.OutOfMemoryError as e:
-                # Explained while the tensors that filled the memory are still recorded. The
-                # report travels with the error (printed under its traceback), and stays on
-                # `m.oom_report`; the library prints nothing itself.
+        yield m
+    except torch.OutOfMemoryError as e:
+        # Explained while the tensors that filled the memory are still recorded. The report
+        # travels with the error (printed under its traceback), and stays on `m.oom_report`;
+        # the library prints nothing itself.
+        if tracker is not None and failsafe.failed is None:
+            with failsafe.guard("explaining the out-of-memory error"):
                 m.oom_report = explain_live(e, tracker.records, tracker.events)
                 if hasattr(e, "add_note"):  # Python >= 3.11
                     e.add_note(m.oom_report)
-                raise
+        raise
     finally:
-        tracker.close()
+        with failsafe.guard("ending the measurement"):
+            stack.close()
+        if tracker is not None:
+            with failsafe.guard("collecting the measurement"):
+                _collect(m, tracker, profile=failsafe.failed is None)
+        m.failed = failsafe.failed
+
+
+def _start(m: Measurement, failsafe: Failsafe, stack: contextlib.ExitStack) -> _LiveTracker:
+    """Start tracking: the tracker's mode and hooks, the phase hooks, what exists now. What
+    is started is stopped by `stack`, also when a later part fails."""
+    model = m._model
+    root = model if model is not None else torch.nn.Module()
+    tracker = _LiveTracker(root, find_repeated_blocks(root) if model is not None else [])
+    tracker.failsafe = failsafe
+    failsafe.on_trip(tracker.close)
+    stack.callback(tracker.close)
+    _reset_cuda_statistics(m)
+
+    def remove_hooks() -> None:
         for h in m._hooks:
             h.remove()
         m._hooks = []
-        _collect(m, tracker)
+
+    stack.callback(remove_hooks)
+    phases = PhaseHooks(m, tracker, model, on_new_model=_register_model)
+    m._hooks = phases.install()
+    stack.enter_context(tracker)
+    tracker.set_phase("setup", 0)
+    _register_start(m, tracker)
+    return tracker
 
 
 def _reset_cuda_statistics(m: Measurement) -> None:
@@ -228,13 +264,15 @@ def _register_start(m: Measurement, tracker: Tracker) -> None:
                     tracker.register(v, Category.OPTIMIZER_STATE)
 
 
-def _collect(m: Measurement, tracker: _LiveTracker) -> None:
-    """The profile of what ran, and on CUDA the allocator's own statistics."""
+def _collect(m: Measurement, tracker: _LiveTracker, *, profile: bool) -> None:
+    """The profile of what ran (unless `profile` is False: the tracking stopped early), and on
+    CUDA the allocator's own statistics."""
     if m._model is None and "cuda" in tracker.device_types.values():
         m.device = f"cuda:{torch.cuda.current_device()}"
     cuda = m.device.startswith("cuda")
-    tracker.keep_only("cuda" if cuda else "cpu")
-    m.profile = MemoryProfile.from_events(tracker.records, tracker.events)
+    if profile:
+        tracker.keep_only("cuda" if cuda else "cpu")
+        m.profile = MemoryProfile.from_events(tracker.records, tracker.events)
     if m._record_history and torch.cuda.is_available():
         if cuda:
             m.cuda_snapshot = torch.cuda.memory._snapshot()
@@ -245,8 +283,9 @@ def _collect(m: Measurement, tracker: _LiveTracker) -> None:
         m.cuda_max_reserved = torch.cuda.max_memory_reserved()
         free, total = torch.cuda.mem_get_info()
         m.cuda_device_used = total - free
-        m.profile.peak_reserved_bytes = m.cuda_max_reserved
-        m.profile.device_total_bytes = m.cuda_device_used
+        if m.profile is not None:
+            m.profile.peak_reserved_bytes = m.cuda_max_reserved
+            m.profile.device_total_bytes = m.cuda_device_used
 
 
 def _register_model(tracker: Tracker, model: torch.nn.Module) -> list[Any]:
@@ -271,7 +310,7 @@ def _register_model(tracker: Tracker, model: torch.nn.Module) -> list[Any]:
                 if q.grad is not None:
                     tracker.mark(q.grad, Category.GRADIENTS, owner=_owner)
 
-            handles.append(p.register_post_accumulate_grad_hook(on_grad))
+            handles.append(p.register_post_accumulate_grad_hook(guarded(tracker, on_grad)))
     for n, b in model.named_buffers():
         mod = n.rsplit(".", 1)[0] if "." in n else ""
         if tracker.sid_of(b) is None:

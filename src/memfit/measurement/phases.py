@@ -56,22 +56,26 @@ class PhaseHooks:
         self.depth = 0  # module calls inside each other (scripts without a named model)
         self.known: set[int] = {id(model)} if model is not None else set()
         self.handles: list[Any] = []
-        self.kv = CacheWatcher(tracker)
+        self.kv = _GuardedCacheWatcher(tracker)
 
     def install(self) -> list[Any]:
-        """Register the hooks; returns their handles (removed by the measurement)."""
+        """Register the hooks; returns their handles (removed by the measurement). Each hook
+        is guarded by the tracker's failsafe (`guarded`)."""
+        t = self.tracker
         self.handles += [
             _Closing(self.kv),
-            register_optimizer_step_pre_hook(self.on_step_pre),
-            register_optimizer_step_post_hook(self.on_step_post),
+            register_optimizer_step_pre_hook(guarded(t, self.on_step_pre)),
+            register_optimizer_step_post_hook(guarded(t, self.on_step_post)),
         ]
         if self.model is not None:
             self.handles.append(
-                self.model.register_forward_pre_hook(self.on_forward, with_kwargs=True)
+                self.model.register_forward_pre_hook(guarded(t, self.on_forward), with_kwargs=True)
             )
         else:
-            self.handles.append(register_module_forward_pre_hook(self.outer_pre))
-            self.handles.append(register_module_forward_hook(self.outer_post, always_call=True))
+            self.handles.append(register_module_forward_pre_hook(guarded(t, self.outer_pre)))
+            self.handles.append(
+                register_module_forward_hook(guarded(t, self.outer_post), always_call=True)
+            )
         return self.handles
 
     def on_forward(
@@ -133,11 +137,34 @@ class PhaseHooks:
             rec = tracker.records[sid]
             if rec.category == Category.TEMPORARIES and rec.phase in ("setup", "zero_grad"):
                 rec.category = Category.INPUTS
-        self.handles.append(mod.register_forward_pre_hook(self.on_forward, with_kwargs=True))
+        self.handles.append(
+            mod.register_forward_pre_hook(guarded(tracker, self.on_forward), with_kwargs=True)
+        )
         self.on_forward(mod, args, {})
 
     def outer_post(self, mod: torch.nn.Module, args: Any, out: Any) -> None:
         self.depth -= 1
+
+
+def guarded(tracker: Tracker, hook: Callable[..., Any]) -> Callable[..., Any]:
+    """`hook` run inside the user's code with the live tracker's failsafe: when it raises,
+    the tracker steps aside and the hook returns None, as if absent (memfit.failsafe)."""
+    if tracker.failsafe is None:
+        return hook
+    name = getattr(hook, "__name__", type(hook).__name__)
+    return tracker.failsafe.hook(hook, f"the measurement's hook {name}")
+
+
+class _GuardedCacheWatcher(CacheWatcher):
+    """A CacheWatcher whose filing, run after each `Cache.update` inside `generate`, steps
+    the tracker aside when it fails instead of failing the user's update."""
+
+    def mark(self, t: torch.Tensor, layer: int) -> None:
+        tracker = self.tracker
+        if tracker.failsafe is None:
+            super().mark(t, layer)
+        elif tracker.failsafe.failed is None:
+            tracker.failsafe.call("filing a KV cache tensor", super().mark, t, layer, default=None)
 
 
 class _Closing:
