@@ -13,8 +13,11 @@ light).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.metadata
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -53,7 +56,7 @@ def transformers_at_least(version: str) -> bool:
 
 def torch_at_least(version: str) -> bool:
     """True when the installed torch is `version` or newer."""
-    return TORCH_VERSION >= Version(version)
+    return Version(version) <= TORCH_VERSION
 
 
 def aten_op(name: str, overload: str = "default") -> Any | None:
@@ -87,3 +90,46 @@ def checkpointing_training_argument() -> str:
     if transformers_at_least("5.23"):
         return "activation_checkpointing"
     return "gradient_checkpointing"
+
+
+#: The oldest transformers whose `generate` memfit traces: `mode="generate"` patches
+#: `transformers.generation.utils.StopCheck` (generation_oracle.Oracle), which 5.17 introduced.
+MIN_TRANSFORMERS_GENERATE = Version("5.17")
+
+
+def generate_keeps_all_ones_mask() -> bool:
+    """True when `generate` passes its all-ones 2-D attention mask to every model call.
+
+    transformers < 5.18 keeps the mask `generate` makes for a prompt without padding
+    (`_prepare_attention_mask_for_generation`, grown by one position per step); 5.18 drops a mask
+    that is all ones before the first call. With the mask, masking_utils decides whether the
+    causal mask can be skipped (`_ignore_causal_mask_sdpa`) by reading it, after checking
+    `is_tracing(padding_mask)`, and `is_tracing` counts a FakeTensor as tracing: on fake
+    tensors the mask is never skipped, on the device it is (is_causal SDPA, the flash kernel).
+    memfit.estimator.generation_oracle.device_mask_checks restores the device's decision on
+    these versions; on 5.18+ no mask reaches the check.
+    """
+    return not transformers_at_least("5.18")
+
+
+#: Loggers whose import-time warnings concern the library itself, not the user's run:
+#: torchao's "Failed to load <kernel>.so" (its CUDA kernels, which a CPU machine cannot load)
+#: and torch's pytree warning, from torch 2.13, that torchao still registers its enums as
+#: pytree constants. transformers 5 imports torchao with its quantizers whenever it is
+#: installed, so every traced command would print them.
+IMPORT_NOISE_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+@contextlib.contextmanager
+def quiet_imports() -> Iterator[None]:
+    """Warnings of IMPORT_NOISE_LOGGERS left out during the block (errors still shown); their
+    levels are restored after it. For commands that run no code of the user's."""
+    loggers = [logging.getLogger(name) for name in IMPORT_NOISE_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)

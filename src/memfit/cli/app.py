@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from typing import Annotated
 
 import typer
 
+from memfit._compat import quiet_imports
 from memfit.cli.cache import cache_command
 from memfit.cli.catalog import gpus_command, models_command
 from memfit.cli.data import data_command
@@ -30,6 +32,43 @@ app = typer.Typer(
     no_args_is_help=True,
     help="memfit: peak GPU memory of PyTorch training and inference, estimated on a CPU.",
 )
+
+
+def _version(value: bool) -> None:
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    from memfit._compat import transformers_version
+
+    try:
+        mine = version("memfit")
+    except PackageNotFoundError:  # run from a source tree that was not installed
+        mine = "(not installed)"
+    tf = transformers_version()
+    typer.echo(
+        f"memfit {mine} (torch {torch.__version__}, "
+        f"transformers {tf if tf is not None else 'not installed'})"
+    )
+    raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_version,
+            is_eager=True,
+            help="Print memfit's version and the torch and transformers it runs with.",
+        ),
+    ] = False,
+) -> None:
+    """memfit: peak GPU memory of PyTorch training and inference, estimated on a CPU."""
+
 
 # In the order `memfit --help` lists them.
 app.command("estimate")(estimate_command)
@@ -60,13 +99,18 @@ FAST_EXIT = frozenset(
 
 
 def main() -> None:
-    """Entry point of the `memfit` console script (exit 130 on Ctrl-C, as a shell expects)."""
+    """Entry point of the `memfit` console script (exit 130 on Ctrl-C, as a shell expects).
+
+    Commands that run no code of the user's import the libraries quietly (their import-time
+    log lines concern those libraries, not the user's run: `memfit._compat.quiet_imports`)."""
+    verb = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    quiet = quiet_imports() if verb in FAST_EXIT else contextlib.nullcontext()
     try:
-        app()
+        with quiet:
+            app()
     except KeyboardInterrupt:
         sys.exit(130)
     except SystemExit as done:
-        verb = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
         if verb not in FAST_EXIT:
             raise
         code = done.code
