@@ -62,6 +62,8 @@ def trial(batch):
     "no_type/config.json": json.dumps({"n_layer": 2}),
     "broken/config.json": "{not json",
     "empty.json": "{}",
+    "not_yaml.yaml": "compute_environment: [LOCAL_MACHINE\nnum_processes: 2\n",
+    "syntax.py": "def train(:\n    pass\n",
     "strings.json": json.dumps({"peak_allocated_bytes": "lots"}),
     "report.json": json.dumps(
         {
@@ -101,6 +103,16 @@ ROWS = [
     # ---------------------------------------------------------------- memfit estimate: values
     cli("estimate lama-2-7b", 2, "llama-2-7b"),
     cli("estimate gpt2 --batch 0", 2, f"--batch {POSITIVE}, got 0. Pass e.g. --batch 1"),
+    cli("estimate gpt2 --batch 1000000000000 --seq 128", 2,
+        "batch 1000000000000 x 128 tokens: their token ids alone (8 B each) take 931.32 TiB"),
+    cli("estimate gpt2 --timeline /proc/x.html", 2,
+        "--timeline '/proc/x.html': no file can be written in '/proc'"),
+    cli("estimate gpt2 --snapshot /proc/x.pickle", 2, "no file can be written in '/proc'"),
+    cli("estimate gpt2 --accelerate-config {tmp}/not_yaml.yaml", 2,
+        "is not a readable accelerate config (while parsing a flow sequence)"),
+    cli("doctor {tmp}/syntax.py", 2, "syntax.py' is not valid Python: invalid syntax (line 1"),
+    cli("profile {tmp}/syntax.py", 2, "is not valid Python"),
+    cli("doctor {tmp}", 2, "does not exist (or is not a file)"),
     cli("estimate gpt2 --batch -3", 2, "got -3"),
     cli("estimate gpt2 --batch four", 2, "Invalid value for '--batch'"),
     cli("estimate gpt2 --seq 0", 2, f"--seq {POSITIVE}"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,21 @@ def check_picture_paths(timeline: Path | None, snapshot: Path | None) -> None:
                 f"{flag} {str(path)!r}: the folder {str(folder)!r} does not exist. Create it "
                 f"(mkdir -p {folder}) or write the file elsewhere."
             )
+        _check_writable(flag, path, folder)
+
+
+def _check_writable(flag: str, path: Path, folder: Path) -> None:
+    """A file can be made in `folder` (a folder such as /proc, or one without write permission,
+    refuses it); tried with a temporary file that is removed at once, so nothing is left when
+    the later work fails."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".memfit-check-"):
+            pass
+    except OSError as e:
+        raise BadInputError(
+            f"{flag} {str(path)!r}: no file can be written in {str(folder)!r} "
+            f"({e.strerror or e}). Write it to a folder of yours, e.g. ./{path.name}."
+        ) from None
 
 
 def write_pictures(

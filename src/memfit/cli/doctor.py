@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 
 from memfit.cli._exit import EXIT_OK, fail
+from memfit.cli._script import check_script
 from memfit.errors import MemfitError
 from memfit.measurement.script_runner import EXIT_INTERRUPTED, ScriptFailed, run_script
 
@@ -36,6 +37,10 @@ def doctor_command(
     from memfit.diagnosis.doctor import doctor
     from memfit.diagnosis.render import findings_to_json, render_findings
 
+    try:
+        check_script(script)  # a syntax error is bad input, not a finding
+    except MemfitError as e:
+        raise fail(str(e)) from None
     dr = doctor()
     failure: ScriptFailed | None = None
     # With --json, stdout is the report: the script's own prints go to stderr.

@@ -19,6 +19,7 @@ import typer
 
 from memfit.cli._exit import EXIT_OK, fail
 from memfit.cli._pictures import check_picture_paths, write_pictures
+from memfit.cli._script import check_script
 from memfit.errors import BadInputError, MemfitError
 from memfit.measurement.script_runner import ScriptFailed, run_script
 from memfit.report.compare import (
@@ -55,6 +56,7 @@ def profile_command(
 
     try:
         check_picture_paths(timeline, snapshot)  # before the script runs
+        check_script(script)
     except MemfitError as e:
         raise fail(str(e)) from None
     failure: ScriptFailed | None = None

@@ -16,13 +16,18 @@ from typing import Any
 
 from memfit.cuda.allocator_config import AllocatorConfig
 from memfit.cuda.gpus import card_notes
-from memfit.cuda.target import get_gpu
+from memfit.cuda.target import get_gpu, list_gpus
 from memfit.errors import BadInputError
 from memfit.estimator.attention import attention_class
 from memfit.estimator.auto_precision import resolve_precision
 from memfit.estimator.ddp import with_ddp_buckets
 from memfit.estimator.device_memory import FIT_MARGIN_FRACTION, attach_device_memory
-from memfit.estimator.generation import generation_figures, trace_generation, without_markers
+from memfit.estimator.generation import (
+    generation_figures,
+    prompt_len,
+    trace_generation,
+    without_markers,
+)
 from memfit.estimator.host_memory import HostMemory
 from memfit.estimator.parallel import run_all
 from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch, expand
@@ -324,6 +329,7 @@ def estimate(
         )
     check_environment()
     w = workload or Workload()
+    check_token_count(w)
     cfg = AllocatorConfig.from_string(alloc_conf) if alloc_conf else None
     if gpu is not None:
         w = w.with_(gpu=gpu)
@@ -340,6 +346,33 @@ def estimate(
         spec, w, tr, n_blocks=n_blocks, replayed=replayed, gpu=gpu_obj, alloc_conf=cfg,
         seconds=seconds,
     )  # fmt: skip
+
+
+#: Bytes of one token id on the device: input_ids are int64.
+TOKEN_ID_BYTES = 8
+
+
+def check_token_count(w: Workload) -> None:
+    """Refuse, before any work, a micro-batch whose token ids alone exceed the largest GPU in
+    the catalog: no card can run it, and a trace of it fails inside torch (a storage size that
+    overflows) with advice that does not apply."""
+    if w.mode == "generate":
+        per_row = prompt_len(w) + w.new_tokens
+        rows = w.batch_size * w.num_beams
+        what = f"batch {w.batch_size} x {w.num_beams} beams x {per_row} tokens"
+    else:
+        per_row = w.seq_len or 1
+        rows = w.batch_size
+        what = f"batch {w.batch_size} x {per_row} tokens"
+    largest = max(list_gpus(), key=lambda g: g.total_memory_bytes)
+    need = rows * per_row * TOKEN_ID_BYTES
+    if need > largest.total_memory_bytes:
+        raise BadInputError(
+            f"{what}: their token ids alone ({TOKEN_ID_BYTES} B each) take "
+            f"{format_bytes(need)}, more than the largest GPU memfit knows holds "
+            f"({largest.display_name}, {format_bytes(largest.total_memory_bytes)}). Lower "
+            "--batch or the sequence length."
+        )
 
 
 def estimate_from_trace(

@@ -44,20 +44,32 @@ _DATA_PARALLEL = ("MULTI_GPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MU
 def _load(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise BadInputError(f"No accelerate config at {str(path)!r}.")
-    text = path.read_text()
     try:
-        if path.suffix == ".json":
-            data = json.loads(text)
-        else:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInputError(
+            f"{str(path)!r} cannot be read as text ({e}); give the YAML file "
+            "`accelerate config` wrote (~/.cache/huggingface/accelerate/default_config.yaml)."
+        ) from None
+    try:
+        yaml: Any = None
+        if path.suffix != ".json":
             import yaml
-
-            data = yaml.safe_load(text)
-    except (json.JSONDecodeError, ValueError) as e:
-        raise BadInputError(f"{str(path)!r} is not a readable accelerate config: {e}") from e
     except ImportError as e:  # yaml comes with accelerate and transformers
         raise ImportError(
             "Reading a YAML accelerate config needs PyYAML (pip install pyyaml)."
         ) from e
+    errors: tuple[type[Exception], ...] = (ValueError,)  # JSONDecodeError is a ValueError
+    if yaml is not None:
+        errors += (yaml.YAMLError,)
+    try:
+        data = json.loads(text) if yaml is None else yaml.safe_load(text)
+    except errors as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BadInputError(
+            f"{str(path)!r} is not a readable accelerate config ({first}). Give the YAML "
+            "file `accelerate config` wrote, or fix its syntax."
+        ) from None
     if not isinstance(data, dict):
         raise BadInputError(
             f"{str(path)!r} holds {type(data).__name__}, not an accelerate config (a mapping "
