@@ -16,6 +16,10 @@ from memfit.units import format_bytes
 #: moments (8 B) per parameter, plus activations, plus ~2 GB for CUDA context and framework.
 RULE_OF_THUMB_BYTES_PER_PARAM = 16
 RULE_OF_THUMB_RUNTIME_BYTES = 2 * 10**9
+#: The rule of thumb for serving: the weights as stored, plus 20 % for everything else
+#: (M = P x bytes per parameter x 1.2, as the popular "how much GPU memory to serve an LLM"
+#: formula writes it). Used for inference and generation, where nothing is trained.
+RULE_OF_THUMB_SERVING_OVERHEAD = 1.2
 
 
 def grouped_modules(by_module: dict[str, int]) -> dict[str, int]:
@@ -42,7 +46,12 @@ def category_lines(p: Any) -> list[str]:
 
 
 def rule_of_thumb_bytes(est: Estimate) -> int:
-    """What the usual rule of thumb says: 16 B/param + traced activations + 2 GB."""
+    """What the usual rule of thumb says. Training: 16 B/param + traced activations + 2 GB.
+    Inference and generation: the weights as stored x 1.2 (nothing has gradients or optimizer
+    state there)."""
+    if not est.workload.training:
+        weights = est.profile.breakdown.get("parameters", 0)
+        return int(weights * RULE_OF_THUMB_SERVING_OVERHEAD)
     return (
         RULE_OF_THUMB_BYTES_PER_PARAM * est.parameter_count
         + est.profile.max_activation_bytes
@@ -152,8 +161,13 @@ def render_text(est: Estimate, *, top_modules: int = 8) -> str:
     for mod, b in list(grouped_modules(p.modules_at_depth(3)).items())[:top_modules]:
         lines.append(f"  {mod:<40}{format_bytes(b):>14}")
     lines.append("")
+    rule = (
+        "16 B/param + activations + 2 GB"
+        if est.workload.training
+        else f"weights x {RULE_OF_THUMB_SERVING_OVERHEAD}"
+    )
     lines.append(
-        f"rule of thumb (16 B/param + activations + 2 GB) would say "
+        f"rule of thumb ({rule}) would say "
         f"{format_bytes(rule_of_thumb_bytes(est))}; the trace says "
         f"{format_bytes(p.device_total_bytes)} on the device."
     )
