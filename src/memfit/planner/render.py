@@ -45,11 +45,12 @@ def apply_code(c: Candidate, model: str, gpu: str) -> str:
         "embedding_on_cpu",
         "tie_embeddings",
         "optimizer_in_backward",
-        "offload_activations",
         "fsdp_cpu_offload",
     ):
         if getattr(w, flag):
             fields.append(f"{flag}=True")
+    if w.offload_activations:  # which filter: True would read as "save_on_cpu"
+        fields.append(f"offload_activations={w.offload_activations!r}")
     head = ""
     if w.gpus > 1:
         fields.append(f"gpus={w.gpus}")

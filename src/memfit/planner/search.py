@@ -522,27 +522,30 @@ def _staged_search(
     n_gpus: int,
 ) -> tuple[str, ...]:
     """Search stage by stage (memfit.planner.shapes), each only when nothing fitted before it;
-    returns the opt-in techniques added because nothing fitted without them."""
+    returns the opt-in techniques added because nothing fitted without them.
+
+    Opt-in techniques that may be widened (pure precision) are searched only after every stage
+    failed without them: a lean mixed-precision configuration (a paged optimizer, the step in
+    backward, FSDP2's CPU offload) that fits is preferred to changing the numerics."""
 
     def fits() -> bool:
         return any(c.fits for c in search.candidates)
 
-    explored = _explore(search, spec, goal, gpu_obj, allowed, n_gpus)
+    def staged(allowed_now: set[str], skip: set[Shape]) -> set[Shape]:
+        done = _explore(search, spec, goal, gpu_obj, allowed_now, n_gpus, skip=skip)
+        for stage in (lean_shapes, offload_shapes):
+            if fits():
+                break
+            done |= _explore(search, spec, goal, gpu_obj, allowed_now, n_gpus, stage=stage,
+                             skip=done)  # fmt: skip
+        return done
+
+    explored = staged(allowed, set())
     extra = WIDEN_WHEN_NOTHING_FITS - allowed - forbid
-    widened: tuple[str, ...] = ()
-    if extra and not fits():
-        _explore(search, spec, goal, gpu_obj, allowed | extra, n_gpus, skip=explored)
-        if fits():
-            widened = tuple(sorted(extra))
-    lean_allowed = allowed | extra
-    for stage in (lean_shapes, offload_shapes):
-        if fits():
-            break
-        _explore(search, spec, goal, gpu_obj, lean_allowed, n_gpus, stage=stage)
-        if fits() and extra and any(c.fits and c.workload.pure_low_precision
-                                    for c in search.candidates):  # fmt: skip
-            widened = tuple(sorted(extra))
-    return widened
+    if not extra or fits():
+        return ()
+    staged(allowed | extra, explored)
+    return tuple(sorted(extra)) if fits() else ()
 
 
 def _cached(cache: dict[Any, Any] | None, key: Any, make: Any = dict) -> Any:
