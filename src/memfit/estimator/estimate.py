@@ -111,12 +111,6 @@ def steady_flops(flops: dict[tuple[int, str, int], int], scale: float = 1.0) -> 
     return out
 
 
-def _uniform_layers(config: Any) -> bool:
-    """False when the config gives blocks different behaviour (e.g. sliding-window layers)."""
-    types = dict(config).get("layer_types")
-    return not types or len(set(types)) <= 1
-
-
 #: Input kinds (ModelSpec.input_kind) whose inputs memfit makes from `seq_len` tokens.
 _SEQUENCE_INPUTS = {
     "tokens": "a text model",
@@ -229,13 +223,15 @@ def _trace_spec(
 def replayable_blocks(spec: ModelSpec, w: Workload) -> int | None:
     """The model's block count when a trace of `TRACED_BLOCKS` of them may be replayed to all
     (memfit.estimator.replay), else None: a model memfit cannot shorten, too few blocks,
-    blocks that differ (the first k checkpointed, sliding-window layers)."""
+    blocks that differ (the first k checkpointed; layers that differ and repeat in no runs,
+    memfit.models.layers: `spec.can_shorten` says so)."""
     n = spec.num_layers
     partial_ckpt = w.checkpoint_first is not None and w.checkpoint_first < (n or 0)
+    if spec.layer_units is not None and w.checkpoint_first is not None:
+        partial_ckpt = True  # checkpoint_first counts layers, the replay units of layers
     if not spec.can_shorten or n is None or n <= TRACED_BLOCKS + 1 or partial_ckpt:
         return None
-    entry = spec.extra.get("entry")
-    return n if entry is None or _uniform_layers(entry.config) else None
+    return n
 
 
 def _expanded(tr: Trace, n: int) -> Trace:

@@ -29,8 +29,10 @@ Note: [How the stream is expanded]
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from memfit.events import ALLOC, FREE, Event, StorageRecord
+from memfit.models.layers import LayerUnits
 
 TRACED_BLOCKS = 3
 
@@ -186,6 +188,7 @@ class _Expansion:
         self.offset = max(records) + 1 if records else 1
         first = block_paths[0]
         self.prefix = first.rsplit(".", 1)[0] + "." if "." in first else ""
+        self.head, self.period = _layout(block_paths)
         self.corr_prev: dict[int, int] = {}  # T0 sid -> the T1 sid in the same role
         self.corr_next: dict[int, int] = {}  # T2 sid -> T1 sid
         self.descending: dict[int, bool] = {}  # T1 run start -> runs in descending block order
@@ -275,12 +278,21 @@ class _Expansion:
 
     def _renamer(self, path: str, old: int = 1) -> Callable[[int], str]:
         """new -> `path` with block `old` renamed block `new` (a path outside block `old` stays):
-        made once per path, called once per copy."""
-        head = f"{self.prefix}{old}"
-        if path == head or path.startswith(head + "."):
-            prefix, tail = self.prefix, path[len(head) :]
-            return lambda new: f"{prefix}{new}{tail}"
-        return lambda new: path
+        made once per path, called once per copy. A block is a unit of `period` layers after
+        the first `head` (one layer each, unless the model is replayed by units): layer i of
+        unit `old` becomes layer i + (new - old) * period."""
+        prefix = self.prefix
+        if not path.startswith(prefix):
+            return lambda new: path
+        index, dot, tail = path[len(prefix) :].partition(".")
+        if not index.isdigit():
+            return lambda new: path
+        layer = int(index)
+        unit = 0 if layer < self.head else 1 + (layer - self.head) // self.period
+        if unit != old:
+            return lambda new: path
+        period, rest = self.period, dot + tail
+        return lambda new: f"{prefix}{layer + (new - old) * period}{rest}"
 
     def copy_outside_run(self, s: int, e: int, owner: int, out: list[Event]) -> None:
         """A run of T0, T2 or outside any block: copied once, T2 renamed to the last block."""
@@ -339,6 +351,16 @@ class _Expansion:
                 out.append(Event(ev.kind, sid, ev.phase, ev.step, ev.op, renamed(1 + c), who))
 
 
+def _layout(block_paths: list[str]) -> tuple[int, int]:
+    """(head, period) of the blocks: the layer index of block 1's first layer, and the layers
+    from it to block 2's (1, 1 for blocks of one layer each; memfit.models.layers.LayerUnits)."""
+    try:
+        first, second, third = (int(p.rsplit(".", 1)[-1]) for p in block_paths[:3])
+    except ValueError:  # blocks not named by index: one layer each
+        return 1, 1
+    return second - first, third - second
+
+
 def _flush_released(
     released: list[Event], out: list[Event], last: int, copy_sid: Callable[[int, int], int]
 ) -> None:
@@ -356,3 +378,28 @@ def _lookup(table: dict[int, int], sid: int) -> int:
         return table[sid]
     except KeyError:
         raise ReplayMismatch(f"storage {sid} has no counterpart in block 1") from None
+
+
+def by_units(trace: Any, units: LayerUnits, count: int) -> bool:
+    """File a trace of the first `count` units of a model replayed by units of layers
+    (memfit.models.layers.LayerUnits; the tracer filed it by layer, its blocks being the layers)
+    under those units: the owner of every event and storage of layer i becomes unit
+    `units.unit_of(i)`, FLOPs too, and `block_paths` the first layer of each unit (`expand`
+    reads the units' layout from them). False, and the trace left as it is, when its layers
+    are not those of `count` units."""
+    layers = trace.block_paths
+    if len(layers) != units.layers_of(count):
+        return False
+
+    def unit(owner: int) -> int:
+        return owner if owner < 0 else units.unit_of(owner)
+
+    trace.events = [ev._replace(owner=unit(ev.owner)) for ev in trace.events]
+    for rec in trace.records.values():
+        rec.owner = unit(rec.owner)
+    flops: dict[tuple[int, str, int], int] = {}
+    for (step, phase, owner), f in trace.flops.items():
+        flops[(step, phase, unit(owner))] = flops.get((step, phase, unit(owner)), 0) + f
+    trace.flops = flops
+    trace.block_paths = [layers[0], *(layers[units.layers_of(u)] for u in range(1, count))]
+    return True

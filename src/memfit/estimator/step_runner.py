@@ -32,8 +32,11 @@ from memfit.errors import BadInputError, TraceError
 from memfit.estimator.collector import freeze_long_lived
 from memfit.estimator.cuda_emulation import CudaEmulation
 from memfit.estimator.fake_distributed import fake_world
+from memfit.estimator.replay import by_units
+from memfit.estimator.trace_errors import trace_error as _trace_error
 from memfit.estimator.tracker import OwnerTrackingState, Tracker, parameter_modules
 from memfit.events import Category, Event, StorageRecord
+from memfit.models.layers import layer_paths
 from memfit.models.loaded import is_as_loaded
 from memfit.models.sources import ModelSpec
 from memfit.models.structure import embedding_tied_to, find_repeated_blocks, input_embedding_path
@@ -304,7 +307,7 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
             raise _trace_error(e, tracker) from e
         finally:
             tracker.close()
-    return Trace(
+    trace = Trace(
         records=tracker.records,
         events=tracker.events,
         parameter_count=sum(logical_numel(p) for p in params),
@@ -320,6 +323,14 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
         notes=notes,
         grad_sids=tracker.grad_sids,
     )
+    units = spec.layer_units
+    if units is not None and num_layers is not None and by_units(trace, units, num_layers):
+        middle = blocks[units.head : units.head + units.period]
+        trace.block_parameter_count, trace.block_trainable_parameter_count = (
+            sum(_layer_params(model, path, trainable_only=t) for path in middle)
+            for t in (False, True)
+        )
+    return trace
 
 
 def _traced_model(
@@ -344,6 +355,7 @@ def _traced_model(
     # Quantized linears (after LoRA and the cast, as a QLoRA user's model is); notes kept.
     model.__dict__[_NOTES] = prepare_quantized(model, w, fake_mode)
     blocks = find_repeated_blocks(model)
+    layers = _unit_layers(spec, model, num_layers)
     if w.checkpointing == "blocks":
         if not blocks:
             raise BadInputError(
@@ -364,7 +376,20 @@ def _traced_model(
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "use_cache"):
         config.use_cache = False
-    return model, blocks
+    return model, blocks if layers is None else layers
+
+
+def _unit_layers(
+    spec: ModelSpec, model: torch.nn.Module, num_layers: int | None
+) -> list[str] | None:
+    """For a model replayed by units of layers (ModelSpec.layer_units), the paths of its layers:
+    the tracer files events by layer, `by_units` then by unit. None for any other model (its
+    blocks are its stack of identical modules, structure.find_repeated_blocks)."""
+    units = spec.layer_units
+    if units is None:
+        return None
+    n = units.layers if num_layers is None else units.layers_of(num_layers)
+    return layer_paths(model, n)
 
 
 def _emulate_cuda(
@@ -418,7 +443,11 @@ def _register_model(
 def _block_params(model: torch.nn.Module, blocks: list[str], *, trainable_only: bool) -> int:
     if len(blocks) < 2:
         return 0
-    block = model.get_submodule(blocks[1])
+    return _layer_params(model, blocks[1], trainable_only=trainable_only)
+
+
+def _layer_params(model: torch.nn.Module, path: str, *, trainable_only: bool) -> int:
+    block = model.get_submodule(path)
     return sum(
         logical_numel(p) for p in block.parameters() if p.requires_grad or not trainable_only
     )
@@ -529,6 +558,8 @@ def _stand_in_gradients(spec, model, w, tracker, emulation, optimizer, scale, lo
         tracker.mark(p.grad, Category.GRADIENTS, owner=grad_owners.get(id(p), -1))
         rec = tracker.records[tracker.sid_of(p.grad)]
         rec.module, rec.owner = origin
+        if spec.layer_units is not None:  # origins name units; this trace files by layer
+            rec.owner = tracker.owner_of_path(rec.module)
     _optimizer_phase(model, w, tracker, optimizer, scale, step, grad_owners)
 
 
@@ -563,21 +594,3 @@ def _optimizer_phase(model, w, tracker, optimizer, scale, step, grad_owners) -> 
         tracker.set_phase("zero_grad", step)
         for p in model.parameters():
             p.grad = None
-
-
-def _trace_error(e: Exception, tracker: Tracker) -> TraceError:
-    module, _ = tracker.context()
-    op = tracker._op
-    hint = (
-        "The model's code could not run on fake tensors (a data-dependent shape such as "
-        "nonzero() or .item(), or a custom CUDA extension)."
-    )
-    detail = str(e)
-    if len(detail) > 600:  # DTensor sharding errors print every placement
-        detail = detail[:600] + " ..."
-    return TraceError(
-        f"Tracing failed at op {op!r} in module {module or '<top>'!r} during "
-        f"{tracker.phase}: {type(e).__name__}: {detail}\n{hint} Try attention='eager', pass an "
-        "input factory that avoids the data-dependent path, or estimate a model of the same "
-        "shape from the catalog."
-    )

@@ -21,6 +21,7 @@ import torch
 
 from memfit.errors import BadInputError, closest
 from memfit.models import _catalog_data
+from memfit.models.layers import shortened_fields
 from memfit.models.zoo import ZOO
 
 __all__ = [
@@ -265,8 +266,6 @@ def _build_hf(
 
     assert entry.model_type is not None
     kwargs: dict[str, Any] = copy.deepcopy(dict(entry.config))
-    if num_layers is not None and entry.repeated_layers_key is not None:
-        kwargs[entry.repeated_layers_key] = num_layers
     if task in _TWO_LABEL_TASKS:
         kwargs["num_labels"] = 2
     auto_class = getattr(transformers, _AUTO_CLASS[task])
@@ -274,6 +273,9 @@ def _build_hf(
     previous = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # config upgrade notices are noise for a catalog build
     try:
+        key = entry.repeated_layers_key
+        if num_layers is not None and key is not None:
+            kwargs = _first_layers(entry, kwargs, key, num_layers)
         config = hf_config(entry.model_type, kwargs, entry.name)
         with torch.device("meta"):
             try:
@@ -283,11 +285,26 @@ def _build_hf(
             except (ValueError, ImportError) as exc:
                 if attn_implementation != "sdpa" or "does not support" not in str(exc):
                     raise _build_error(entry.name, attn_implementation, exc) from exc
-                model = auto_class.from_config(config, dtype=dtype, attn_implementation="eager")
+                model = _eager(auto_class, config, dtype, entry.name)
+            except Exception as exc:  # the model's __init__ fails on this config
+                raise _build_error(entry.name, attn_implementation, exc) from exc
     finally:
         hf_logging.set_verbosity(previous)
     name_loss_type(model, task)
     return model
+
+
+def _first_layers(
+    entry: CatalogModel, kwargs: dict[str, Any], key: str, num_layers: int
+) -> dict[str, Any]:
+    """`kwargs` for the model of the first `num_layers` layers of `entry`: the layer count,
+    and every per-layer field of the full config (memfit.models.layers.shortened_fields)."""
+    n = entry.config[key]
+    if not isinstance(n, int) or num_layers >= n:
+        return {**kwargs, key: num_layers}
+    assert entry.model_type is not None
+    full = hf_config(entry.model_type, kwargs, entry.name).to_dict()
+    return shortened_fields(kwargs, key, full, n, num_layers)
 
 
 def name_loss_type(model: torch.nn.Module, task: str) -> None:
@@ -316,16 +333,31 @@ def hf_config(model_type: str, fields: Mapping[str, Any], origin: str) -> Any:
         ) from exc
 
 
+def _eager(auto_class: Any, config: Any, dtype: torch.dtype, name: str) -> torch.nn.Module:
+    """The model with eager attention (an architecture without an SDPA path)."""
+    try:
+        return auto_class.from_config(config, dtype=dtype, attn_implementation="eager")
+    except Exception as exc:  # the model's __init__ fails on this config
+        raise _build_error(name, "eager", exc) from exc
+
+
 def _build_error(name: str, attn_implementation: str, exc: Exception) -> BadInputError:
     """A model transformers would not build from a valid config: an attention implementation
-    it does not have for the architecture, or an inconsistency only the layers check
-    (BERT's hidden size against its heads)."""
+    it does not have for the architecture, an inconsistency only the layers check (BERT's
+    hidden size against its heads), a package it needs, or a config its code does not read
+    as it wrote it (a field its layers need that the config does not carry)."""
     if attn_implementation in str(exc):
         return BadInputError(
             f"cannot build {name} with attn_implementation={attn_implementation!r}: {exc}"
         )
-    reason = str(exc).rstrip(".")
-    return BadInputError(f"transformers cannot build {name}: {reason}. Fix that field.")
+    reason = str(exc).strip().rstrip(".")
+    if isinstance(exc, (ValueError, ImportError)):
+        return BadInputError(f"transformers cannot build {name}: {reason}. Fix that field.")
+    return BadInputError(
+        f"transformers cannot build {name} from this config: its model code raised "
+        f"{type(exc).__name__}: {reason}. A real run would fail the same way; fix the config "
+        "(or the installed transformers)."
+    )
 
 
 #: transformers' LOSS_MAPPING keys for the heads memfit builds.

@@ -49,6 +49,7 @@ from memfit.models.hf_tasks import (
     task_of_class,
     tasks_of_model_type,
 )
+from memfit.models.layers import LayerUnits, replay_units
 
 __all__ = ["ModelSpec", "load_functions", "resolve_model"]
 
@@ -87,7 +88,8 @@ class ModelSpec:
             take it raises BadInputError rather than being reported and not used (see
             `user_batch`).
         max_positions: longest sequence the model accepts, or None.
-        num_layers: number of repeated blocks of the full model, when known.
+        num_layers: number of repeated blocks of the full model, when known (of units of
+            layers with `layer_units`).
         loss: how the traced loss is computed:
             "hf": the loss is the model's own `output.loss` (a transformers head; memfit's
             batches carry labels, a make_batch's must too: an output without a loss is a
@@ -135,6 +137,10 @@ class ModelSpec:
     #: without them): transformers then makes position_ids as an arange and finds no packed
     #: sequences, which the trace cannot read off fake values (step_runner).
     unpacked_batches: bool = False
+    #: When the model's layers are not all alike but repeat in runs (memfit.models.layers):
+    #: how they are cut into the units the replay copies. Then `num_layers` counts units and
+    #: `build(n)` builds the layers of the first `n` units. None: a unit is a layer.
+    layer_units: LayerUnits | None = None
 
     @property
     def batch_is_user_defined(self) -> bool:
@@ -257,11 +263,27 @@ def _from_catalog(entry: CatalogModel, task: str | None) -> ModelSpec:
         )
     key = entry.repeated_layers_key
     num_layers = int(entry.config[key]) if key else None
+    loss, notes = "hf", []
+    cache_key = _entry_key(entry, chosen)
+    units, differ = None, None
+    if num_layers is not None and num_layers > _FEWEST_REPLAYED:
+        units, differ = _replay_units(entry, chosen, num_layers, cache_key)
+    grouped = units if differ is not None else None  # replayed by units of layers
+    if differ is not None:
+        how = (
+            "every layer is traced (exact, and slower than a replay)"
+            if units is None
+            else _unit_text(units)
+        )
+        notes.append(
+            f"The {num_layers} layers of {entry.name} are not all alike ({differ}): {how}."
+        )
 
     def build(n: int | None, attention: str) -> torch.nn.Module:
+        if n is not None and grouped is not None:
+            n = grouped.layers_of(n)
         return build_model(entry, task=chosen, num_layers=n, attn_implementation=attention)
 
-    loss, notes = "hf", []
     if entry.model_type is None:
         loss = "cross_entropy"
     elif chosen == "base":
@@ -274,13 +296,38 @@ def _from_catalog(entry: CatalogModel, task: str | None) -> ModelSpec:
         input_kind=entry.input_kind,
         task=chosen,
         max_positions=entry.max_positions,
-        num_layers=num_layers,
-        can_shorten=key is not None,
+        num_layers=grouped.count if grouped is not None else num_layers,
+        can_shorten=key is not None and (differ is None or units is not None),
+        layer_units=grouped,
         loss=loss,
         image_size=entry.image_size,
         extra={"entry": entry},
         notes=notes,
-        cache_key=_entry_key(entry, chosen),
+        cache_key=cache_key,
+    )
+
+
+#: A stack of more layers than this may be replayed (memfit.estimator.replay traces 3 and
+#: checks them against 4), so only then are its layers compared.
+_FEWEST_REPLAYED = 4
+
+
+def _replay_units(
+    entry: CatalogModel, task: str, n: int, key: str
+) -> tuple[LayerUnits | None, str | None]:
+    """How the `n` layers of `entry` may be replayed, and why they differ
+    (memfit.models.layers.replay_units)."""
+    assert entry.model_type is not None
+    full = hf_config(entry.model_type, dict(entry.config), entry.name).to_dict()
+    return replay_units(key, full, n, lambda: build_model(entry, task=task))
+
+
+def _unit_text(units: LayerUnits) -> str:
+    """How a model whose layers differ is replayed, for its note."""
+    runs = "they are alike" if units.period == 1 else f"they repeat every {units.period} layers"
+    return (
+        f"{runs} after the first {units.head}, so memfit traces those and 2 repeats and "
+        "replays the rest (checked against a trace of 3 repeats)"
     )
 
 
@@ -294,7 +341,7 @@ def _entry_key(entry: CatalogModel, task: str) -> str:
 def _from_hf_config(path: Path, task: str | None) -> ModelSpec:
     origin = str(path)
     try:
-        raw = json.loads(path.read_text())
+        raw = _special_floats(json.loads(path.read_text()))
     except (OSError, json.JSONDecodeError) as e:
         raise BadInputError(f"Cannot read HF config {origin!r}: {e}") from e
     model_type = raw.get("model_type")
@@ -314,6 +361,7 @@ def _from_hf_config(path: Path, task: str | None) -> ModelSpec:
             f"{origin}: task {chosen!r} is not available for model_type {model_type!r}; "
             f"transformers has: {', '.join(available) or 'no head memfit trains'}.{known}"
         )
+    notes = _start_token(fields, config, chosen, model_type) if chosen == "seq2seq-lm" else []
     encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
     layers_key = None
     if not encoder_decoder:
@@ -335,6 +383,7 @@ def _from_hf_config(path: Path, task: str | None) -> ModelSpec:
         repeated_layers_key=layers_key,
     )
     spec = _from_catalog(entry, chosen)
+    spec.notes[:0] = notes
     catalog_build = spec.build
 
     def build(n: int | None, attention: str) -> torch.nn.Module:
@@ -345,6 +394,46 @@ def _from_hf_config(path: Path, task: str | None) -> ModelSpec:
 
     spec.build = build
     return spec
+
+
+#: How transformers writes a float JSON has no literal for (PreTrainedConfig.
+#: _encode_special_floats, transformers >= 5): {"__float__": "Infinity"} (Mamba2's and Bamba's
+#: `time_step_limit` default to (0.0, inf)).
+_FLOAT_TAG = "__float__"
+_FLOAT_TAGS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def _special_floats(value: Any) -> Any:
+    """A config.json's values with transformers' tagged floats read back as floats, as
+    `PreTrainedConfig.from_json_file` reads them."""
+    if isinstance(value, dict):
+        tag = value.get(_FLOAT_TAG)
+        if len(value) == 1 and isinstance(tag, str) and tag in _FLOAT_TAGS:
+            return _FLOAT_TAGS[tag]
+        return {k: _special_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_special_floats(v) for v in value]
+    return value
+
+
+def _start_token(fields: dict[str, Any], config: Any, task: str, model_type: str) -> list[str]:
+    """A seq2seq LM's training step shifts its labels right into the decoder's inputs, starting
+    them with `decoder_start_token_id`. T5's config class has no such field (transformers 5),
+    and the default config it writes has none, so that step raises AttributeError; every T5
+    checkpoint sets it to `pad_token_id`. Its value changes no memory: memfit sets it so in
+    `fields` and returns the note that says so (none when the config has one)."""
+    if getattr(config, "decoder_start_token_id", None) is not None:
+        return []
+    pad = getattr(config, "pad_token_id", None)
+    if not isinstance(pad, int):
+        return []  # transformers' own error says which id is missing
+    fields["decoder_start_token_id"] = pad
+    return [
+        f"The config has no decoder_start_token_id, with which {model_type}'s {task} step "
+        f"starts the decoder's inputs (transformers raises AttributeError without it): memfit "
+        f"traced it as pad_token_id ({pad}), as {model_type} checkpoints set it. Add "
+        f'"decoder_start_token_id": {pad} to the config before training.'
+    ]
 
 
 # ----------------------------------------------------------------------------- modules
