@@ -92,6 +92,44 @@ def test_compare_estimate_with_measured(tmp_path):
     assert res.exit_code == 2 and "is not JSON" in res.output
 
 
+def test_compare_a_cuda_estimate_with_a_cpu_measurement_like_with_like(tmp_path):
+    # Issue: a CPU profile compared with an estimate showed -14.3 % because the estimate's
+    # cuBLAS workspace does not exist on a CPU.
+    est = {
+        "source": "estimate", "peak_allocated_bytes": 1000 * 1024,
+        "peak_reserved_bytes": 2000 * 1024, "device_total_bytes": 3000 * 1024,
+        "breakdown": {"parameters": 400 * 1024, "activations": 456 * 1024,
+                      "workspaces": 144 * 1024, "allocator_cache": 1000 * 1024,
+                      "cuda_context": 1000 * 1024},
+    }  # fmt: skip
+    cpu = {
+        "source": "measured", "device": "cpu", "peak_allocated_bytes": 856 * 1024,
+        "peak_reserved_bytes": None, "device_total_bytes": None,
+        "breakdown": {"parameters": 400 * 1024, "activations": 456 * 1024},
+    }  # fmt: skip
+    (tmp_path / "est.json").write_text(json.dumps(est))
+    (tmp_path / "cpu.json").write_text(json.dumps(cpu))
+    res = runner.invoke(app, ["compare", str(tmp_path / "est.json"), str(tmp_path / "cpu.json"),
+                              "--json", "--fail-above", "1"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["rows"]["peak_allocated_bytes"] == {
+        "a": 856 * 1024,
+        "b": 856 * 1024,
+        "diff": 0,
+        "relative": 0.0,
+    }
+    assert "workspaces" not in out["rows"] and "cuda_context" not in out["rows"]
+    assert out["rows"]["peak_reserved_bytes"]["a"] is None
+    assert out["notes"] == [
+        "one report was measured on a CPU: est's CUDA-only memory is left out (its cuBLAS "
+        "workspaces, 144.00 KiB, from the allocated peak); reserved memory and the device "
+        "total exist only on a GPU and are not compared"
+    ]
+    text = runner.invoke(app, ["compare", str(tmp_path / "cpu.json"), str(tmp_path / "est.json")])
+    assert "note: one report was measured on a CPU: est's CUDA-only memory" in text.output
+
+
 def _reports(tmp_path, **changes):
     """Two reports: a hand-made baseline and a copy with `changes` (bytes)."""
     base = {

@@ -184,7 +184,8 @@ def compare_command(
     if as_json:
         rows = {r.name: {"a": r.a, "b": r.b, "diff": r.diff, "relative": r.relative}
                 for r in [*c.totals, *c.categories]}  # fmt: skip
-        out: dict[str, Any] = {"a": str(first), "b": str(second), "rows": rows}
+        out: dict[str, Any] = {"a": str(first), "b": str(second), "rows": rows,
+                               "notes": list(c.notes)}  # fmt: skip
         if gated:
             out["over_limit"] = [{"name": r.name, "limit_pct": pct} for r, pct in check.over]
             out["not_checked"] = [r.name for r in check.unchecked]

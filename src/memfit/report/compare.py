@@ -56,6 +56,8 @@ class Comparison:
     totals: list[Row]
     categories: list[Row]
     where: list[tuple[str, str, str]]  # (what, a, b): peak phase / op / module
+    #: What was left out to compare like with like, and why (printed under the table).
+    notes: tuple[str, ...] = ()
 
 
 def load_report(path: str | Path) -> dict[str, Any]:
@@ -84,9 +86,41 @@ def load_report(path: str | Path) -> dict[str, Any]:
     return data
 
 
+#: What only CUDA has: the cuBLAS/cuDNN workspaces (allocated through the caching allocator),
+#: the allocator's cache and the CUDA context. A CPU measurement has none of them.
+CUDA_ONLY_CATEGORIES = ("workspaces", "allocator_cache", "cuda_context")
+
+
+def _measured_on_cpu(report: dict[str, Any]) -> bool:
+    return report.get("source") == "measured" and str(report.get("device", "")).startswith("cpu")
+
+
 def compare(a: dict[str, Any], b: dict[str, Any], *, labels: tuple[str, str] = ("a", "b")
             ) -> Comparison:  # fmt: skip
-    """Totals and per-category bytes of two reports, side by side."""
+    """Totals and per-category bytes of two reports, side by side.
+
+    Like is compared with like: when one report was measured on a CPU and the other was not
+    (an estimate of a CUDA run), what only CUDA has is left out of the other report (its
+    workspaces from the allocated peak; reserved memory and the device total, which a CPU run
+    does not have, are not compared), and the notes say so."""
+    a, b = dict(a), dict(b)
+    notes: list[str] = []
+    if _measured_on_cpu(a) != _measured_on_cpu(b):
+        cuda_side = a if _measured_on_cpu(b) else b
+        label = labels[0] if cuda_side is a else labels[1]
+        breakdown = dict(cuda_side.get("breakdown") or {})
+        workspaces = breakdown.pop("workspaces", 0) or 0
+        for key in CUDA_ONLY_CATEGORIES:
+            breakdown.pop(key, None)
+        cuda_side["breakdown"] = breakdown
+        if cuda_side.get("peak_allocated_bytes") is not None:
+            cuda_side["peak_allocated_bytes"] -= workspaces
+        cuda_side["peak_reserved_bytes"] = cuda_side["device_total_bytes"] = None
+        notes.append(
+            f"one report was measured on a CPU: {label}'s CUDA-only memory is left out "
+            f"(its cuBLAS workspaces, {format_bytes(workspaces)}, from the allocated peak); "
+            "reserved memory and the device total exist only on a GPU and are not compared"
+        )
     ba, bb = a.get("breakdown") or {}, b.get("breakdown") or {}
     return Comparison(
         a_label=labels[0],
@@ -96,6 +130,7 @@ def compare(a: dict[str, Any], b: dict[str, Any], *, labels: tuple[str, str] = (
         where=[
             (k, str(a.get(f"peak_{k}")), str(b.get(f"peak_{k}"))) for k in ("phase", "op", "module")
         ],
+        notes=tuple(notes),
     )
 
 
@@ -184,4 +219,5 @@ def render_comparison(c: Comparison) -> str:
     for what, x, y in c.where:
         same = "same" if x == y else "differs"
         out.append(f"  peak {what:<8} {x}  |  {y}  ({same})")
+    out += [f"note: {n}" for n in c.notes]
     return "\n".join(out)
