@@ -204,6 +204,10 @@ ROWS = [
     cli("plan gpt2", 2, "Missing option '--gpu'"),
     cli("plan gpt2 --gpu rtx-4091", 2, "Did you mean 'rtx-4090'"),
     cli("plan gpt2 --gpu t4 --global-batch 0", 2, f"--global-batch {POSITIVE}"),
+    cli("plan gpt2 --gpu t4 --global-batch -4", 2, "got -4. Pass e.g. --global-batch 32."),
+    cli("serve llama-3.1-8b --gpu h100-sxm --context-len 0", 2,
+        "--context-len 0: a request has at least one token. Give the tokens of one request "
+        "(vLLM's max_model_len), e.g. --context-len 131072."),
     cli("plan gpt2 --gpu t4 --precision fp8", 2, "Unknown precision 'fp8'"),
     cli("plan gpt2 --gpu t4 --optimizer adamm", 2, "Unknown optimizer"),
     cli("plan gpt2 --gpu t4 --seq 0", 2, f"--seq {POSITIVE}"),

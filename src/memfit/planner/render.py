@@ -333,7 +333,18 @@ def render_serving(cap: Any) -> str:
         f"  longest sequence that fits: {cap.max_model_len:,} tokens"
         + (f" (the model has {cap.model_positions:,})" if cap.model_positions else ""),
     ]
-    if not fits:
+    if not fits and cap.num_blocks < 1:
+        short = cap.profile_peak_bytes - cap.requested_bytes + cap.block_bytes
+        what = "the weights alone" if cap.weights_bytes > cap.requested_bytes else (
+            "the weights and the profiling run")  # fmt: skip
+        lines += [
+            "",
+            f"DOES NOT FIT: {what} leave no room for one KV block in the engine memory "
+            f"({format_bytes(cap.requested_bytes)}; {format_bytes(short)} short of one block); "
+            "vLLM would refuse to start at any context length. Use --quantize, a higher "
+            "--gpu-memory-utilization, a card with more memory, or tensor parallelism.",
+        ]
+    elif not fits:
         lines += [
             "",
             f"DOES NOT FIT: one sequence of {cap.context_len} tokens needs "

@@ -41,8 +41,7 @@ class Goal:
         gb = self.global_batch
         if isinstance(gb, bool) or not isinstance(gb, int) or gb <= 0:
             raise BadInputError(
-                f"global_batch must be a positive integer, got {gb!r}. "
-                "Pass e.g. Goal(global_batch=32)."
+                f"global_batch must be a positive integer, got {gb!r}. Pass e.g. global_batch=32."
             )
         check_choice("fsdp_mixed", self.fsdp_mixed, FSDP_MIXED)
         # Validate the fixed choices with Workload's own checks.

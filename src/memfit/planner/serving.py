@@ -177,8 +177,13 @@ def serving_capacity(
             f"a rectangular batch. Use a multiple of {batch} (e.g. {tokens - tokens % batch})."
         )
     positions = spec.max_positions
+    if context_len is not None and (isinstance(context_len, bool) or context_len < 1):
+        raise BadInputError(
+            f"context_len={context_len!r}: a request has at least one token. Give the tokens "
+            f"of one request (vLLM's max_model_len), e.g. context_len={positions or 4096}."
+        )
     context = context_len if context_len is not None else positions
-    if context is None or context < 1:
+    if context is None:
         raise BadInputError(
             f"{spec.name!r} declares no maximum length, so there is no default context length. "
             "Give context_len (the tokens of one request, vLLM's max_model_len)."
