@@ -152,3 +152,26 @@ def test_module_differences():
     )
     # No stack of that many layers: nothing to compare.
     assert module_differences(stack(_Layer(0, None), _Layer(1, 8)), 3) is None
+
+
+def test_layers_that_repeat_in_runs_are_replayed_by_runs(tmp_path):
+    # Full and sliding attention alternate: runs of 2 layers after the first 2 are alike.
+    types = ["full_attention", "sliding_attention"] * 8
+    folder = _saved(
+        tmp_path, "qwen2", **{**QWEN2, "num_hidden_layers": 16}, layer_types=types,
+        use_sliding_window=True, sliding_window=8,
+    )  # fmt: skip
+    spec = resolve_model(folder)
+    assert spec.can_shorten and spec.num_layers == 8  # units: the first 2 layers, 7 runs of 2
+    assert (spec.layer_units.head, spec.layer_units.period) == (2, 2)
+    assert "they repeat every 2 layers after the first 2" in spec.notes[0]
+    with torch.device("meta"):
+        assert spec.build(3, "sdpa").config.layer_types == types[:6]
+    est = memfit.estimate(folder, WORKLOAD)
+    whole = memfit.estimate(_whole(folder), WORKLOAD)
+    assert est.replayed and not whole.replayed
+    params = 128 * 32 + 16 * _LAYER + 32 + 128 * 32
+    assert est.parameter_count == whole.parameter_count == params
+    assert est.profile.peak_allocated_bytes == whole.profile.peak_allocated_bytes
+    assert est.profile.breakdown == whole.profile.breakdown
+    assert est.profile.by_module == whole.profile.by_module  # layers named as in the model

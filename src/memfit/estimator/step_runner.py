@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import logging
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from memfit.estimator.tracker import OwnerTrackingState, Tracker, parameter_modu
 from memfit.events import Category, Event, StorageRecord
 from memfit.models.layers import layer_paths
 from memfit.models.loaded import is_as_loaded
+from memfit.models.scans import scan_budget
 from memfit.models.sources import ModelSpec
 from memfit.models.structure import embedding_tied_to, find_repeated_blocks, input_embedding_path
 from memfit.techniques.activation_offload import emulated_offload, offload_for_trace
@@ -53,6 +55,8 @@ from memfit.techniques.optimizer_in_backward import for_trace as in_backward_for
 from memfit.techniques.quantize_trace import LOGICAL_NUMEL, logical_numel, prepare_quantized
 from memfit.techniques.train_setup import call_model
 from memfit.workload import Workload
+
+log = logging.getLogger("memfit")
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -259,6 +263,9 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     low = DTYPES[w.compute_dtype_name]
     model, blocks = _traced_model(spec, w, num_layers, fake_mode, low, mesh)
+    scans = scan_budget(model, w.seq_len or 512, w.steps * traced_micro_batches(w), spec.name)
+    if scans is not None:  # a trace that takes long says so first (memfit.models.scans)
+        log.warning(scans.line())
     notes = model.__dict__.pop(_NOTES, [])
     distill = model.__dict__.pop(_DISTILL)  # the teacher, or None
     notes += distill.notes if distill is not None else []
