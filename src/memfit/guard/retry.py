@@ -24,7 +24,7 @@ import functools
 import gc
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 from torch.utils import _pytree as pytree
@@ -135,6 +135,11 @@ def reset_scaler(scaler: Any) -> None:
     _scaler_states(scaler).clear()
 
 
+#: What a guard decides after an OOM: the retry's accumulation (or micro-batch), or the error to
+#: raise (the OOM itself when the guard's own work failed).
+_Decision = int | torch.OutOfMemoryError
+
+
 def _optimizer_oom(e: torch.OutOfMemoryError) -> torch.OutOfMemoryError:
     return torch.OutOfMemoryError(
         "Out of memory in or after optimizer.step(): not retried, because (part of) the update "
@@ -183,7 +188,9 @@ class GuardedStep:
             try:
                 return s.step(batch, *args, **kwargs)
             except torch.OutOfMemoryError as e:
-                decision = fs.call("deciding on a retry", self._decide, e, watch, size, default=e)
+                # No name may keep `e` past this block: its frames hold the step's tensors.
+                decision = fs.call("deciding on a retry", self._decide, e, watch, size,
+                                   default=cast(_Decision, e))  # fmt: skip
                 if isinstance(decision, torch.OutOfMemoryError):
                     if decision is e:  # the guard failed: the error, as without memfit
                         raise
@@ -197,9 +204,7 @@ class GuardedStep:
                            default=False):  # fmt: skip
                 raise torch.OutOfMemoryError(f"{message} (not retried: {fs.failed})")
 
-    def _decide(
-        self, e: torch.OutOfMemoryError, watch: _OptimizerWatch, size: int
-    ) -> int | torch.OutOfMemoryError:
+    def _decide(self, e: torch.OutOfMemoryError, watch: _OptimizerWatch, size: int) -> _Decision:
         """The accumulation to retry with, or the error to raise instead."""
         s = self.setup
         if watch.started:
@@ -273,7 +278,9 @@ class _GuardedFunction:
                 self.micro_batch_size = mbs
                 return out
             except torch.OutOfMemoryError as e:
-                decision = fs.call("deciding on a retry", self._decide, e, watch, mbs, default=e)
+                # No name may keep `e` past this block: its frames hold the step's tensors.
+                decision = fs.call("deciding on a retry", self._decide, e, watch, mbs,
+                                   default=cast(_Decision, e))  # fmt: skip
                 if isinstance(decision, torch.OutOfMemoryError):
                     if decision is e:  # the guard failed: the error, as without memfit
                         raise
@@ -287,9 +294,7 @@ class _GuardedFunction:
                 raise torch.OutOfMemoryError(f"{message} (not retried: {fs.failed})")
             mbs = new
 
-    def _decide(
-        self, e: torch.OutOfMemoryError, watch: _OptimizerWatch, mbs: int
-    ) -> int | torch.OutOfMemoryError:
+    def _decide(self, e: torch.OutOfMemoryError, watch: _OptimizerWatch, mbs: int) -> _Decision:
         """The micro-batch size to retry with, or the error to raise instead."""
         if watch.started:
             return _optimizer_oom(e)
