@@ -119,7 +119,13 @@ def run_sdpa(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> torch.Tensor:
-    """Run SDPA with the given backend's aten op; shapes as F.scaled_dot_product_attention."""
+    """Run SDPA with the given backend's aten op; shapes as F.scaled_dot_product_attention.
+
+    What the CUDA composite does before the kernel is done here too (attention.cpp
+    `scaled_dot_product_attention`): a boolean mask becomes an additive mask of the query's
+    dtype (`additive_mask`), and the memory-efficient kernel's mask is padded when its strides
+    are not aligned (`efficient_mask`).
+    """
     if enable_gqa and key.shape[-3] != query.shape[-3]:
         # Flash and efficient kernels take grouped K/V natively only in some releases; the
         # math path and older kernels repeat K/V. Repeating is the conservative choice.
@@ -131,18 +137,54 @@ def run_sdpa(
             query, key, value, dropout_p, is_causal, False, scale=scale
         )[0]
         return out
+    bias = additive_mask(attn_mask, query.dtype)
     if backend == EFFICIENT:
         needs_grad = query.requires_grad or key.requires_grad or value.requires_grad
-        bias = attn_mask
-        if bias is not None and bias.dtype == torch.bool:
-            # CUDA converts a boolean mask into an additive float mask (convert_boolean_attn_mask).
-            bias = torch.zeros_like(bias, dtype=query.dtype).masked_fill(~bias, -math.inf)
+        if bias is not None:
+            bias = efficient_mask(bias)
         return torch.ops.aten._scaled_dot_product_efficient_attention(
             query, key, value, bias, needs_grad, dropout_p, is_causal, scale=scale
         )[0]
     return torch.ops.aten._scaled_dot_product_attention_math(
-        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=False
+        query, key, value, bias, dropout_p, is_causal, scale=scale, enable_gqa=False
     )[0]
+
+
+def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A boolean mask as CUDA's SDPA converts it, else the mask as it is.
+
+    attention.cpp `convert_boolean_attn_mask` (torch 2.8-2.13, for every backend but cuDNN):
+    `at::where(mask, scalar_tensor(0.0, dtype), scalar_tensor(-inf, dtype))`: one tensor of the
+    mask's shape in the query's dtype (2 bytes an element for 16-bit queries) and two 0-dim
+    scalars, freed after the `where`; the boolean mask is not negated or copied.
+    """
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    neg_inf = torch.scalar_tensor(-math.inf, dtype=dtype, device=mask.device)
+    zero = torch.scalar_tensor(0.0, dtype=dtype, device=mask.device)
+    out = torch.where(mask, zero, neg_inf)
+    del neg_inf, zero
+    return out
+
+
+#: attention.cpp `preprocess_mask`: `mem_eff_alignment = 8`; a mask whose strides (all but the
+#: last) are not multiples of it, or whose last stride is not 1, is padded (`pad_bias`).
+EFFICIENT_MASK_ALIGNMENT = 8
+
+
+def efficient_mask(bias: torch.Tensor) -> torch.Tensor:
+    """The additive mask the memory-efficient kernel gets (attention.cpp `preprocess_mask`):
+    unaligned, padded by `alignment - last % alignment` columns and sliced back (a new tensor;
+    the unaligned one is released when no one else holds it), then broadcast by `expand`
+    (a view)."""
+    align = EFFICIENT_MASK_ALIGNMENT
+    strides = bias.stride()
+    aligned = all(s % align == 0 for s in strides[:-1]) and strides[-1] == 1
+    if aligned:
+        return bias
+    last = bias.shape[-1]
+    padded = torch.nn.functional.pad(bias, (0, align - last % align))
+    return padded[..., :last]
 
 
 def describe_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[AttentionCall, dict]:
