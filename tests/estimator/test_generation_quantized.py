@@ -25,7 +25,11 @@ from memfit.models.sources import resolve_model
 from memfit.profile import MemoryProfile
 from tests.estimator.test_generation_real import tiny_llama as real_llama
 
-HAS_QUANTO = importlib.util.find_spec("optimum.quanto") is not None
+# find_spec of a submodule imports its parent: ask for "optimum" first.
+HAS_QUANTO = (
+    importlib.util.find_spec("optimum") is not None
+    and importlib.util.find_spec("optimum.quanto") is not None
+)
 needs_quanto = pytest.mark.skipif(not HAS_QUANTO, reason="optimum-quanto is not installed")
 
 B, P = 2, 8

@@ -22,12 +22,14 @@ decode_extension extends the stream to N and checks the extension against a long
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from memfit._compat import generate_keeps_all_ones_mask
 from memfit.errors import BadInputError, TraceError
 from memfit.estimator import kv_cache_offload, kv_cache_quantized
 from memfit.estimator.auto_precision import check_resolved
@@ -39,7 +41,12 @@ from memfit.estimator.decode_extension import (
     extend_decode,
 )
 from memfit.estimator.fake_distributed import fake_world
-from memfit.estimator.generation_oracle import GenerationTracker, Oracle
+from memfit.estimator.generation_oracle import (
+    GenerationTracker,
+    Oracle,
+    check_transformers_generate,
+    device_mask_checks,
+)
 from memfit.estimator.kv_cache import CacheWatcher, check_tp, kv_geometry
 from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch, expand
 from memfit.estimator.step_runner import (
@@ -83,6 +90,7 @@ class GenerationTrace:
 
 def check_generation(spec: ModelSpec, w: Workload) -> None:
     """What the trace cannot run, refused before tracing with the value and the fix."""
+    check_transformers_generate()
     if w.tp > 1:
         config = _config_of(spec)
         if config is not None and hasattr(config, "num_attention_heads"):
@@ -217,7 +225,7 @@ def _traced_once(spec: ModelSpec, w: Workload, capability: tuple[int, int] | Non
     kept: list[Any] = []  # the generated ids outlive the trace, as a user's generate result does
     try:
         with fake_mode, tracker, oracle.patched(), _unpacked_synthetic_inputs(spec), \
-                _cache_emulation(w, tracker):  # fmt: skip
+                device_mask_checks(), _cache_emulation(w, tracker):  # fmt: skip
             _register_model(tracker, model, params, [], parameter_modules(model))
             try:
                 tracker.set_phase("inputs", 0)
@@ -417,8 +425,10 @@ def trace_generation(
     # The replay is checked on the calls the decode extension traces first (all of a short one).
     first = TRACED_CALLS if w.new_tokens > EXTEND_ABOVE else w.new_tokens
 
-    def traced(layers: int | None, calls: int) -> Trace:
-        return trace_generation_once(spec, w, capability, num_layers=layers, new_tokens=calls).trace
+    def traced(layers: int | None, calls: int, wl: Workload = w) -> Trace:
+        return trace_generation_once(
+            spec, wl, capability, num_layers=layers, new_tokens=calls
+        ).trace
 
     if spec.can_shorten and n is not None and n > TRACED_BLOCKS + 1 and _uniform(spec):
         short = traced(TRACED_BLOCKS, first)
@@ -426,8 +436,8 @@ def trace_generation(
             spec, w, capability, short, first
         ):
 
-            def expanded(calls: int) -> Trace:
-                tr = short if calls == first else traced(TRACED_BLOCKS, calls)
+            def expanded(calls: int, wl: Workload = w) -> Trace:
+                tr = short if calls == first and wl is w else traced(TRACED_BLOCKS, calls, wl)
                 records, events = expand(tr.records, tr.events, n, tr.block_paths)
                 return replace(
                     tr, records=records, events=events,
@@ -438,13 +448,36 @@ def trace_generation(
                 )  # fmt: skip
 
             try:
-                ext = extend_decode(expanded, w.new_tokens, why_not=_not_extended(w))
+                ext = extend_decode(
+                    expanded, w.new_tokens, why_not=_not_extended(w),
+                    trace_filled=filled_tracer(w, expanded),
+                )  # fmt: skip
             except ReplayMismatch:
                 pass
             else:
                 return _named(ext.trace, ext.extended, ext.why_not), n, True
-    ext = extend_decode(lambda calls: traced(None, calls), w.new_tokens, why_not=_not_extended(w))
+    ext = extend_decode(
+        lambda calls: traced(None, calls), w.new_tokens, why_not=_not_extended(w),
+        trace_filled=filled_tracer(w, lambda calls, wl: traced(None, calls, wl)),
+    )  # fmt: skip
     return _named(ext.trace, ext.extended, ext.why_not), len(ext.trace.block_paths), False
+
+
+def filled_tracer(
+    w: Workload, traced: Callable[[int, Workload], Trace]
+) -> Callable[[int], Trace] | None:
+    """For decode_extension: traces of n calls whose last call fills the static cache as the
+    workload's last call does, when that call differs from the steps before it; else None.
+
+    transformers < 5.18 pads generate's 2-D mask to the static cache's length on every call
+    but the last (_compat.generate_keeps_all_ones_mask; masking_utils.prepare_padding_mask).
+    A generation of n calls with a prompt longer by new_tokens - n has the same cache
+    (max_cache_len = prompt_len + new_tokens - 1), and its decode step s holds what the
+    workload's step s + new_tokens - n holds.
+    """
+    if w.cache != "static" or not generate_keeps_all_ones_mask():
+        return None
+    return lambda n: traced(n, w.with_(prompt_len=prompt_len(w) + w.new_tokens - n, new_tokens=n))
 
 
 def _named(trace: Trace, extended: bool, why_not: str | None) -> Trace:

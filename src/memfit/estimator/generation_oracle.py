@@ -5,13 +5,30 @@ exactly `new_tokens` tokens from memfit's synthetic prompt answers it (memfit.es
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
-from memfit.errors import TraceError
+from memfit._compat import MIN_TRANSFORMERS_GENERATE, generate_keeps_all_ones_mask
+from memfit.errors import BadInputError, TraceError
 from memfit.estimator.tracker import Tracker
+
+
+def check_transformers_generate() -> None:
+    """Refuse `mode="generate"` on a transformers without `generation.utils.StopCheck`, whose
+    stopping decision the Oracle answers (added in MIN_TRANSFORMERS_GENERATE)."""
+    import transformers.generation.utils as gu
+
+    if not hasattr(gu, "StopCheck"):
+        installed = importlib.metadata.version("transformers")
+        raise BadInputError(
+            f"generation needs transformers >= {MIN_TRANSFORMERS_GENERATE}; installed "
+            f"{installed}. Upgrade with `pip install -U 'transformers>="
+            f"{MIN_TRANSFORMERS_GENERATE}'`, or estimate one forward with mode='inference'."
+        )
 
 
 class GenerationTracker(Tracker):
@@ -72,6 +89,7 @@ class Oracle:
         import transformers.cache_utils as cu
         import transformers.generation.utils as gu
 
+        check_transformers_generate()
         oracle = self
         stop_check = gu.StopCheck.__call__
         beams_unfinished = gu.GenerationMixin._beam_search_has_unfinished_sequences
@@ -110,3 +128,50 @@ class Oracle:
                 beams_unfinished
             )
             cu.StaticLayer.reorder_cache = reorder  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def device_mask_checks() -> Iterator[None]:
+    """transformers' mask functions decide on memfit's fake tensors as they do on the device.
+
+    On transformers < 5.18 `generate` passes its all-ones 2-D attention mask to every model
+    call (_compat.generate_keeps_all_ones_mask). masking_utils then asks
+    `is_tracing(padding_mask)` before reading the mask, and `is_tracing` counts a FakeTensor as
+    tracing, so on fake tensors the causal mask is never skipped: a bool (B, 1, q, kv) mask is
+    built, SDPA loses `is_causal` and grouped K/V and leaves the flash kernel. On the device the
+    mask is a real tensor: `_ignore_causal_mask_sdpa` reads it, finds no padding and skips the
+    mask (the prefill runs is_causal flash; each decode step, one query, runs without a mask),
+    and `create_recurrent_attention_mask` returns None for an all-ones mask. So, during memfit's
+    generation traces on these versions only, masking_utils' `is_tracing` does not count
+    memfit's FakeTensors (compiling, jit and stream capture still count: the device run would
+    be tracing then), and the values those functions read are answered as the device reads
+    them from memfit's prompt, which has no padding:
+    - `x.all()` and `torch.all(...)`: True (GenerationTracker's rule for any `all`);
+    - `fast_all(x)` (`x.sum() == x.numel()`, the same ops run here): True. Every tensor given
+      to it comes from the all-ones mask: the mask itself, its first q_length positions, or
+      the complement of what `prepare_padding_mask` pads it with up to a static cache's
+      length (zeros, whose complement is all True; empty without a static cache).
+    On 5.18+ no mask reaches these checks and nothing is changed. Restored on exit.
+    """
+    if not generate_keeps_all_ones_mask():
+        yield
+        return
+    import transformers.masking_utils as mu
+
+    is_tracing, fast_all = mu.is_tracing, mu.fast_all
+
+    def device_is_tracing(tensor: Any = None) -> bool:
+        return bool(is_tracing(None if isinstance(tensor, FakeTensor) else tensor))
+
+    def device_fast_all(tensor: torch.Tensor) -> bool:
+        same_ops = fast_all(tensor)  # sum, then == numel: the device's ops, a fake result
+        del same_ops
+        return True
+
+    setattr(mu, "is_tracing", device_is_tracing)  # noqa: B010
+    setattr(mu, "fast_all", device_fast_all)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(mu, "is_tracing", is_tracing)  # noqa: B010
+        setattr(mu, "fast_all", fast_all)  # noqa: B010
