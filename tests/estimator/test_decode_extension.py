@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import memfit
+from memfit._compat import generate_keeps_all_ones_mask
 from memfit.estimator import decode_extension as de
 from memfit.estimator.decode_extension import (
     EXTEND_ABOVE,
@@ -19,7 +20,7 @@ from memfit.estimator.decode_extension import (
     VERIFY_EXTRA,
     extend_decode,
 )
-from memfit.estimator.generation import trace_generation, trace_generation_once
+from memfit.estimator.generation import filled_tracer, trace_generation, trace_generation_once
 from memfit.models.sources import resolve_model
 from memfit.profile import MemoryProfile
 from tests.estimator.test_generation_real import gpt2_no_eos, tiny_llama
@@ -57,9 +58,19 @@ def test_extension_equals_every_call_traced(make, beams: int, cache: str) -> Non
         calls.append(n)
         return trace_generation_once(spec, w, None, num_layers=None, new_tokens=n).trace
 
-    ext = extend_decode(traced, N)
+    filled: list[int] = []
+
+    def traced_filled(n: int, wl: memfit.Workload):
+        filled.append(n)
+        return trace_generation_once(spec, wl, None, num_layers=None, new_tokens=n).trace
+
+    # A static cache's last call fills it; on transformers < 5.18 that call makes no padded
+    # copy of generate's mask (decode_extension Note): it is taken from two filled traces.
+    ext = extend_decode(traced, N, trace_filled=filled_tracer(w, traced_filled))
     assert ext.extended and ext.why_not is None
     assert calls == [TRACED_CALLS, TRACED_CALLS + 1, TRACED_CALLS + VERIFY_EXTRA]
+    with_filled = cache == "static" and generate_keeps_all_ones_mask()
+    assert filled == ([TRACED_CALLS, TRACED_CALLS + 1] if with_filled else [])
     _same(ext.trace, traced(N))
 
 

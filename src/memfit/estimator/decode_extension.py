@@ -29,6 +29,21 @@ Note: [How the decode steps are extended]
     (`extend_decode` does, and says so in `DecodeExtension.extended`). A static cache is
     allocated at the whole workload's length whatever the calls traced
     (generation.generate_kwargs), so its segments are constant and fit the same form.
+
+    The last call of a static cache's generation may differ from the steps before it: it
+    fills the cache. On transformers < 5.18, masking_utils.prepare_padding_mask pads
+    generate's 2-D mask to the cache's length on every call but the last, where the mask is
+    as long as the cache (no pad is made). No trace of K calls sees that call, so the caller
+    gives a fourth tracer, `trace_filled(n)`: a generation of n calls whose last call fills
+    the same cache (a prompt longer by N - n: the same cache and mask lengths as the
+    workload's last calls):
+      E, K calls: its prefill and its segment K - 2 must have the forms of A's prefill and of
+        the predicted segment N - 2; the events of its segment K - 2 that its last segment
+        does not make (a last call may only make fewer) are dropped from the predicted last
+        segment, whose other events keep the predicted integers (beam search sizes some of
+        its bookkeeping by the tokens generated, which E does not share);
+      F, K + 1 calls: its last segment must drop the same events;
+    and the result's last segment and tail must have the forms of E's.
 """
 
 from __future__ import annotations
@@ -196,6 +211,20 @@ class _Model:
         emit(calls, canon[k], (self.tail_growth, more))
         return records, events, kv_layer
 
+    def decode_segment(self, s: int, calls: int) -> list[_Canon]:
+        """Segment s (K <= s < calls) of a generation of `calls` calls, in storage-free form."""
+        k = self.seg.calls
+        steps, more = s - (k - 1), calls - k
+        return [
+            (
+                fixed,
+                tuple(v + steps * g + more * c for v, g, c in zip(ints, grow, per, strict=True)),
+            )
+            for (fixed, ints), grow, per in zip(
+                self.seg.canon[k - 1], self.growth, self.per_call[k - 1], strict=True
+            )
+        ]
+
     def flops(self, calls: int) -> dict[tuple[int, str, int], int]:
         """FLOPs by (step, phase, owner): steps before K - 1 as in A; the middle steps linear
         from B's steps K - 2 and K - 1; the last step linear from A's last and B's last."""
@@ -239,7 +268,11 @@ class DecodeExtension:
 
 
 def extend_decode(
-    trace_calls: Callable[[int], Any], calls: int, *, why_not: str | None = None
+    trace_calls: Callable[[int], Any],
+    calls: int,
+    *,
+    why_not: str | None = None,
+    trace_filled: Callable[[int], Any] | None = None,
 ) -> DecodeExtension:
     """The trace of a generation of `calls` model calls, from `trace_calls(n)` (a Trace of a
     generation of n calls), extended from a few calls when that is verified exactly.
@@ -248,6 +281,9 @@ def extend_decode(
     first, so a caller may reuse a trace it already made for that many calls. `why_not`: the
     caller knows the decode steps change beyond the traced ones (a quantized cache's flush,
     which a check on TRACED_CALLS + VERIFY_EXTRA calls would not see): every call is traced.
+    `trace_filled(n)`: the caller knows the last call differs (it fills a static cache): a
+    generation of n calls whose last call is the workload's last, from which the last call
+    and the tail are taken.
     """
     if calls <= EXTEND_ABOVE:
         return DecodeExtension(trace_calls(calls), extended=False)
@@ -263,9 +299,80 @@ def extend_decode(
             raise DecodeMismatch(f"the stream predicted for {_calls(c)} calls is not its trace")
         if predicted.flops != {key: f for key, f in c.flops.items() if f}:
             raise DecodeMismatch(f"the FLOPs predicted for {_calls(c)} calls are not traced")
+        out = model.trace(calls)
+        if trace_filled is not None:
+            out = _last_call_filled(out, model, trace_filled, calls)
     except DecodeMismatch as e:
         return DecodeExtension(trace_calls(calls), extended=False, why_not=str(e))
-    return DecodeExtension(model.trace(calls), extended=True)
+    return DecodeExtension(out, extended=True)
+
+
+def _keys(seg: _Segments, s: int) -> list[tuple[Any, ...]]:
+    """Segment s's events, each named by what it is without an index: an allocation by its
+    fixed fields, a free by its own and those of the allocation it frees (and how far back)."""
+    keys: list[tuple[Any, ...]] = []
+    for fixed, _ in seg.canon[s]:
+        if fixed[0] == ALLOC:
+            keys.append(fixed)
+            continue
+        ref = fixed[1]
+        at, index = (0, ref[1]) if ref[0] == "prefill" else (s - ref[1], ref[2])
+        allocs = [f for f, _ in seg.canon[at] if f[0] == ALLOC]
+        keys.append((fixed[0], *fixed[2:], s - at, allocs[index]))
+    return keys
+
+
+def _dropped(seg: _Segments, before: int, last: int) -> list[int]:
+    """Positions of the events of segment `before` that segment `last` does not make (its
+    events are `before`'s less those); DecodeMismatch when it makes others."""
+    import difflib
+
+    a, b = _keys(seg, before), _keys(seg, last)
+    dropped: list[int] = []
+    for op, i1, i2, _, _ in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if op == "delete":
+            dropped.extend(range(i1, i2))
+        elif op != "equal":
+            raise DecodeMismatch("the last call makes what the steps before it do not")
+    return dropped
+
+
+def _last_call_filled(
+    out: Any, model: _Model, trace_filled: Callable[[int], Any], calls: int
+) -> Any:
+    """The extended trace `out` with its last call made as a call that fills the cache makes
+    it (see the Note): the events that call does not make, found in two filled traces, are
+    dropped; DecodeMismatch when the filled traces do not fit the stream."""
+    k = TRACED_CALLS
+    e, f = _cut(trace_filled(k)), _cut(trace_filled(k + 1))
+    if e.calls != k or f.calls != k + 1:
+        raise DecodeMismatch(f"filled traces of {e.calls} and {f.calls} calls")
+    forms = lambda form: [fixed for fixed, _ in form]  # noqa: E731
+    if forms(e.canon[0]) != forms(model.seg.canon[0]):
+        raise DecodeMismatch("the prefill of a generation that fills the cache differs in form")
+    if forms(e.canon[k - 2]) != forms(model.decode_segment(calls - 2, calls)):
+        raise DecodeMismatch("the step before the last differs from a generation that fills it")
+    dropped = _dropped(e, k - 2, k - 1)
+    if dropped != _dropped(f, k - 1, k):
+        raise DecodeMismatch("the last calls of two generations that fill the cache differ")
+    if dropped:
+        marks = [i for i, ev in enumerate(out.events) if ev.op == CALL_END_OP]
+        first = marks[calls - 2] + 1  # the last call's segment: after the marker before it
+        drop = {first + i for i in dropped}
+        sids = {out.events[i].sid for i in drop if out.events[i].kind == ALLOC}
+        kv_layer = {sid: n for sid, n in getattr(out, KV_LAYER_ATTR, {}).items() if sid not in sids}
+        out = replace(
+            out,
+            events=[ev for i, ev in enumerate(out.events) if i not in drop],
+            records={sid: r for sid, r in out.records.items() if sid not in sids},
+        )
+        setattr(out, KV_LAYER_ATTR, kv_layer)
+    got = _cut(out)
+    if forms(got.canon[calls - 1]) != forms(e.canon[k - 1]) or forms(got.canon[calls]) != forms(
+        e.canon[k]
+    ):
+        raise DecodeMismatch("the last call is not the one a generation that fills the cache makes")
+    return out
 
 
 def _calls(trace: Any) -> int:
