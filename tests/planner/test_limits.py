@@ -10,7 +10,13 @@ import pytest
 
 import memfit
 from memfit.errors import BadInputError
-from memfit.planner.limits import max_batch, max_seq
+from memfit.planner.limits import (
+    SEQ_EXACT_BELOW,
+    SEQ_RESOLUTION_DIVISOR,
+    _longest,
+    max_batch,
+    max_seq,
+)
 from memfit.planner.render import limit_to_json, render_limit
 
 #: A small GPU (5.78 GiB), so that a tiny model's KV cache reaches it.
@@ -41,15 +47,19 @@ def test_max_seq_of_a_generation_is_the_longest_prompt(wide_llama: str) -> None:
     limit = max_seq(wide_llama, w, gpu=GPU)
     assert limit.what == "prompt_len" and limit.new_tokens == 4 and not limit.capped
     assert limit.largest is not None and 1024 < limit.largest < 131072 - 4
+    # Answered to within 1/128 of the answer: it fits, and `resolution` tokens more do not.
+    assert 1 <= limit.resolution <= limit.largest // SEQ_RESOLUTION_DIVISOR
     assert _fits(wide_llama, w.with_(prompt_len=limit.largest))
-    assert not _fits(wide_llama, w.with_(prompt_len=limit.largest + 1))
+    assert not _fits(wide_llama, w.with_(prompt_len=limit.largest + limit.resolution))
+    assert len(limit.curve) <= 12  # the crossing predicted, not halved down to single tokens
     doc = limit_to_json(limit)
     assert doc["largest_context"] == limit.largest + 4 and doc["new_tokens"] == 4
     head = render_limit(limit).splitlines()[0]
     assert head == (
         f"largest prompt of {limit.model} that fits NVIDIA GeForce RTX 2060 in fp32: "
-        f"{limit.largest} tokens, with 4 new tokens: a context of {limit.largest + 4} tokens "
-        "(prompt + new tokens)"
+        f"{limit.largest} (to within {limit.resolution} tokens: "
+        f"{limit.largest + limit.resolution} does not fit) tokens, with 4 new tokens: a context "
+        f"of {limit.largest + 4} tokens (prompt + new tokens)"
     )
 
 
@@ -67,3 +77,31 @@ def test_max_seq_of_a_generation_refuses_a_prompt_and_no_room(wide_llama: str) -
     no_room = r"new_tokens=131072 leaves no room .*Use new_tokens=131071"
     with pytest.raises(BadInputError, match=no_room):
         max_seq(wide_llama, memfit.Workload(mode="generate", new_tokens=131072), gpu=GPU)
+
+
+@pytest.mark.parametrize(
+    ("curve", "limit"),
+    [
+        (lambda v: 1_000_000 + 30_000 * v, 1_000_000_000),  # flash + KV cache: a line
+        (lambda v: 5_000_000 + 4_000 * v + 3 * v * v, 2_000_000_000),  # an eager score matrix
+        (lambda v: 1_000 * v, 100_000),  # crossing below SEQ_EXACT_BELOW: exact to the token
+        (lambda v: 10 * v, 10**9),  # everything fits
+    ],
+)
+def test_longest_brackets_the_crossing_in_few_traces(curve, limit) -> None:
+    tried: list[int] = []
+
+    def fits(v: int) -> bool:
+        tried.append(v)
+        return curve(v) <= limit
+
+    good, resolution = _longest(fits, curve, limit, 131072)
+    best = max(v for v in range(1, 131073) if curve(v) <= limit)
+    if best == 131072:
+        assert (good, resolution) == (131072, 1)
+        return
+    assert fits(good) and not fits(good + resolution)
+    assert good <= best < good + resolution
+    expected = max(1, good // SEQ_RESOLUTION_DIVISOR) if good >= SEQ_EXACT_BELOW else 1
+    assert resolution <= expected
+    assert len(set(tried)) <= 9, sorted(set(tried))

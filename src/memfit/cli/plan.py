@@ -97,6 +97,21 @@ def plan_command(
     raise typer.Exit(EXIT_OK if result.best is not None else EXIT_DOES_NOT_FIT)
 
 
+def _progress_line(generate: bool) -> Any:
+    """A line on stderr per value `max_seq` traces (each can take seconds)."""
+    from memfit.units import format_bytes
+
+    name = "prompt" if generate else "sequence"
+    tried = [0]
+
+    def report(value: int, total: int, fits: bool) -> None:
+        tried[0] += 1
+        verdict = "fits" if fits else "does not fit"
+        typer.echo(f"  [{tried[0]}] {name} {value}: {format_bytes(total)}, {verdict}", err=True)
+
+    return report
+
+
 def _limit_command(
     what: str,
     model: str,
@@ -113,8 +128,11 @@ def _limit_command(
         from memfit.planner.limits import max_batch, max_seq
 
         w = build_workload(gpu=gpu, **options)
-        search = max_batch if what == "batch_size" else max_seq
-        result = search(model, w, gpu=gpu, task=task, alloc_conf=alloc_conf)
+        if what == "batch_size":
+            result = max_batch(model, w, gpu=gpu, task=task, alloc_conf=alloc_conf)
+        else:
+            result = max_seq(model, w, gpu=gpu, task=task, alloc_conf=alloc_conf,
+                             progress=_progress_line(w.mode == "generate"))  # fmt: skip
     except (MemfitError, ImportError) as e:
         raise fail(str(e)) from None
     from memfit.planner.render import limit_to_json, render_limit

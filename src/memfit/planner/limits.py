@@ -10,6 +10,7 @@ is an error rather than the cap.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ from memfit.cuda.allocator_config import AllocatorConfig
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
 from memfit.estimator.auto_precision import resolve_precision
+from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.estimator.estimate import estimate_from_trace, trace_spec
 from memfit.estimator.predict import MicroBatchLine
 from memfit.estimator.trace_cache import check_environment
@@ -29,6 +31,11 @@ from memfit.workload import Workload
 MAX_BATCH_UPPER = 4096
 #: The longest sequence `max_seq` tries for a model that declares no maximum of its own.
 MAX_SEQ_UPPER = 131072
+#: `max_seq` answers to within this fraction of its answer (1/128: under 0.8 %, 32 tokens at
+#: 4096): a sequence length is chosen in round numbers, and every token more is a trace more.
+#: Below `SEQ_EXACT_BELOW` tokens it answers to the token.
+SEQ_RESOLUTION_DIVISOR = 128
+SEQ_EXACT_BELOW = 512
 
 
 @dataclass(kw_only=True)
@@ -59,6 +66,9 @@ class Limit:
     seconds: float = 0.0
     new_tokens: int = 0
     workload: Workload | None = None
+    #: The answer is exact to this many: `largest` fits and `largest + resolution` does not
+    #: (1 for micro-batches; coarser for long sequences, see SEQ_RESOLUTION_DIVISOR).
+    resolution: int = 1
 
 
 def _limit(
@@ -70,6 +80,7 @@ def _limit(
     *,
     model_limit: bool = False,
     alloc_conf: str | None = None,
+    progress: Callable[[int, int, bool], None] | None = None,
 ) -> Limit:
     """Exponential growth, then binary search, over the estimator. Micro-batches are predicted
     from two traced ones once a prediction has equalled a real trace (MicroBatchLine); the
@@ -105,9 +116,16 @@ def _limit(
             )
             p = est.profile
             seen[value] = (p.peak_allocated_bytes, p.device_total_bytes or 0, bool(est.fits))
+            if progress is not None:
+                progress(value, seen[value][1], seen[value][2])
         return seen[value][2]
 
-    good = largest_passing(fits, start=1, upper=upper)
+    resolution = 1
+    if what == "batch_size":
+        good = largest_passing(fits, start=1, upper=upper)
+    else:
+        limit = int(gpu_obj.total_memory_bytes * (1 - FIT_MARGIN_FRACTION))
+        good, resolution = _longest(fits, lambda v: seen[v][1], limit, upper)
     if line is not None and not all(line.confirm(v) for v in (good, good + 1)
                                     if v in line.predicted):  # fmt: skip
         # A prediction differed from the real trace: search again, on real traces only.
@@ -120,7 +138,55 @@ def _limit(
         curve=sorted((v, total, ok) for v, (_, total, ok) in seen.items()), upper=upper,
         capped=good == upper and not model_limit, seconds=time.perf_counter() - t0,
         new_tokens=w.new_tokens if w.mode == "generate" else 0, workload=w,
+        resolution=resolution,
     )  # fmt: skip
+
+
+def _longest(
+    fits: Callable[[int], bool], total: Callable[[int], int], limit: int, upper: int
+) -> tuple[int, int]:
+    """The longest sequence in [1, upper] that fits, and the resolution it is exact to.
+
+    Device memory grows smoothly with the sequence (linearly with flash attention and the KV
+    cache, quadratically with an eager score matrix), so the crossing of `limit` is predicted
+    from the bracket's two ends (regula falsi, Illinois variant: an end kept twice has its
+    distance to the limit halved, so a curved side cannot stall it) instead of halving down to
+    single tokens. A predicted crossing is tried, then the value one resolution past it, which
+    usually closes the bracket. Every step is a real trace, and the answer is bracketed by real
+    traces: `good` fits and `good + resolution` does not.
+    """
+    start = min(upper, SEQ_EXACT_BELOW)
+    if fits(start):
+        if start == upper or fits(upper):
+            return upper, 1
+        good, bad = start, upper
+    elif start == 1 or not fits(1):
+        return 0, 1
+    else:
+        good, bad = 1, start
+    f_good, f_bad = float(total(good) - limit), float(total(bad) - limit)
+    side = 0  # +1: the last step moved `good`; -1: it moved `bad`
+    while True:
+        resolution = max(1, good // SEQ_RESOLUTION_DIVISOR) if good >= SEQ_EXACT_BELOW else 1
+        if bad - good <= resolution:
+            return good, bad - good
+        if side == 1 and good + resolution < bad and f_bad > 0:
+            # Just below the crossing: one resolution up usually closes the bracket.
+            crossing = good + (bad - good) * -f_good / (f_bad - f_good)
+            guess = good + resolution if crossing < good + resolution else int(crossing)
+        else:
+            guess = int(good + (bad - good) * -f_good / (f_bad - f_good))
+        guess = min(max(guess, good + 1), bad - 1)
+        if fits(guess):
+            good, f_good = guess, float(total(guess) - limit)
+            if side == 1:
+                f_bad /= 2
+            side = 1
+        else:
+            bad, f_bad = guess, float(total(guess) - limit)
+            if side == -1:
+                f_good /= 2
+            side = -1
 
 
 def _refuse_flat(model: str, what: str, seen: dict[int, tuple[int, int, bool]]) -> None:
@@ -153,11 +219,22 @@ def max_batch(
 
 
 def max_seq(
-    model: Any, w: Workload, *, gpu: str, task: str | None = None, alloc_conf: str | None = None
+    model: Any,
+    w: Workload,
+    *,
+    gpu: str,
+    task: str | None = None,
+    alloc_conf: str | None = None,
+    progress: Callable[[int, int, bool], None] | None = None,
 ) -> Limit:
     """The longest sequence (up to the model's positions, else MAX_SEQ_UPPER) for `w` that
     fits `gpu`. Only for models whose input is tokens that memfit makes: for an image model, or
     a model with its own make_batch, the sequence is not memfit's to choose (BadInputError).
+
+    Long sequences are answered to within 1/SEQ_RESOLUTION_DIVISOR of the answer
+    (`Limit.resolution`: `largest` fits, `largest + resolution` does not), the crossing
+    predicted from the values traced (see `_longest`). `progress(value, device total, fits)`
+    is called after each value traced.
 
     With mode="generate" the prompt is searched (`Limit.what` "prompt_len"): the longest prompt
     that, with `w.new_tokens` generated after it, fits; the context is the prompt plus the new
@@ -170,7 +247,7 @@ def max_seq(
     """
     spec = resolve_model(model, task=task)
     if isinstance(w, Workload) and w.mode == "generate":
-        return _max_prompt(spec, w, gpu, alloc_conf)
+        return _max_prompt(spec, w, gpu, alloc_conf, progress)
     if isinstance(w, Workload) and w.seq_len is not None:
         raise BadInputError(
             f"max_seq searches seq_len itself; the workload has seq_len={w.seq_len}. "
@@ -190,11 +267,17 @@ def max_seq(
     upper = spec.max_positions or MAX_SEQ_UPPER
     return _limit(
         spec, w, gpu, "seq_len", upper, model_limit=spec.max_positions is not None,
-        alloc_conf=alloc_conf,
+        alloc_conf=alloc_conf, progress=progress,
     )  # fmt: skip
 
 
-def _max_prompt(spec: ModelSpec, w: Workload, gpu: str, alloc_conf: str | None) -> Limit:
+def _max_prompt(
+    spec: ModelSpec,
+    w: Workload,
+    gpu: str,
+    alloc_conf: str | None,
+    progress: Callable[[int, int, bool], None] | None,
+) -> Limit:
     """`max_seq` of a generation: the longest prompt_len that fits with w.new_tokens after it."""
     if w.prompt_len is not None:
         raise BadInputError(
@@ -210,5 +293,5 @@ def _max_prompt(spec: ModelSpec, w: Workload, gpu: str, alloc_conf: str | None) 
     upper = positions - w.new_tokens if positions is not None else MAX_SEQ_UPPER
     return _limit(
         spec, w, gpu, "prompt_len", upper, model_limit=positions is not None,
-        alloc_conf=alloc_conf,
+        alloc_conf=alloc_conf, progress=progress,
     )  # fmt: skip

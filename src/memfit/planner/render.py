@@ -245,6 +245,7 @@ def limit_to_json(limit: Limit) -> dict[str, Any]:
         "precision": limit.workload.precision if limit.workload is not None else None,
         "largest": limit.largest,
         "capped": limit.capped,
+        "resolution": limit.resolution,
         "upper": limit.upper,
         "curve": [{"value": v, "device_total_bytes": b, "fits": f} for v, b, f in limit.curve],
         "seconds": round(limit.seconds, 2),
@@ -264,6 +265,11 @@ def _limit_answer(limit: Limit) -> str:
         return f"at least {limit.largest} (the search cap; more may fit)"
     if limit.what in ("seq_len", "prompt_len") and limit.largest == limit.upper:
         return f"{limit.largest} (every position the model has)"
+    if limit.resolution > 1:
+        return (
+            f"{limit.largest} (to within {limit.resolution} tokens: "
+            f"{limit.largest + limit.resolution} does not fit)"
+        )
     return str(limit.largest)
 
 
