@@ -223,9 +223,10 @@ class Session:
             # The block re-raises the same error, with the report attached.
             with contextlib.suppress(torch.OutOfMemoryError):
                 m.__exit__(type(error), error, error.__traceback__)
-            self.print_fn(
-                "memfit: out of memory during the measured steps\n" + (m.oom_report or "")
-            )
+            if m.failed is None:  # else the measurement said why it has no report
+                self.print_fn(
+                    "memfit: out of memory during the measured steps\n" + (m.oom_report or "")
+                )
             return None
         m.__exit__(None, None, None)
         if self.estimate is None or m.profile is None:  # m.failed: it said why already
