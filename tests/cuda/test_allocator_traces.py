@@ -7,13 +7,14 @@ and the segment layout (each segment's total size and its blocks, in address ord
 allocated or free). The test replays the events through ``memfit.cuda.allocator.CachingAllocator``
 under the trace's ``PYTORCH_CUDA_ALLOC_CONF`` and checks every checkpoint.
 
-The traces here are SYNTHETIC until a GPU session records real ones: no session so far has had
-a GPU, so each file was derived by hand from the documented rules of PyTorch's
+The ``synthetic_*`` traces were derived by hand from the documented rules of PyTorch's
 CUDACachingAllocator (c10/cuda/CUDACachingAllocator.cpp: round_size, get_pool,
 get_allocation_size, get_free_block, should_split, free_block / try_merge_blocks,
 release_cached_blocks, try_allocate_expandable_block / map_block / unmap_block), and its
 "derivation" field says, event by event, which rule gives the expected layout. They check the
-simulator against those rules, not against hardware.
+simulator against those rules, not against hardware. The ``*-h200-2026-11-27`` traces were
+recorded on an NVIDIA H200 (torch 2.11, see benchmarks/results/h200-2026-11-27.md): they check
+it against the device.
 
 ``python benchmarks/gpu_validation.py --record-traces`` writes recorded traces in the same
 format (``trace_from_snapshot``) under benchmarks/results/traces/; copied here, they are
@@ -34,6 +35,18 @@ import pytest
 from tests.conftest import ACTIONS, TRACE_DIR, TRACE_FORMAT, replay_trace, trace_layout
 
 TRACE_FILES = sorted(TRACE_DIR.glob("*.json"))
+
+#: Recorded traces the simulator does not yet replay exactly, with what differs. Each is a
+#: strict xfail: it fails the suite the day the simulator replays it (then remove the entry).
+KNOWN_DIFFERENCES = {
+    "bert-fp32-adamw-b8-s128-h200-2026-11-27": (
+        "H200, torch 2.11: the simulator reserves one 20 MiB segment more than the device "
+        "(1,728,053,248 B against 1,707,081,728 B) after event 1963, where foreach AdamW "
+        "allocates its 9 MiB state pairs; the checkpoint before (event 1702) agrees, and the "
+        "gpt2 and resnet18 traces of the same session replay exactly. Cause not found yet "
+        "(issue 31)."
+    ),
+}
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -79,7 +92,9 @@ def test_trace_is_well_formed(path: Path):
 
 
 @pytest.mark.parametrize("path", TRACE_FILES, ids=[p.stem for p in TRACE_FILES])
-def test_replay_matches_checkpoints(path: Path):
+def test_replay_matches_checkpoints(path: Path, request: pytest.FixtureRequest):
+    if path.stem in KNOWN_DIFFERENCES:
+        request.applymarker(pytest.mark.xfail(reason=KNOWN_DIFFERENCES[path.stem], strict=True))
     t = load(path)
     if not t.get("complete", True):
         pytest.skip(f"{path.name} is marked incomplete: {t.get('notes')}")
