@@ -158,7 +158,8 @@ def device_mask_checks() -> Iterator[None]:
         return
     import transformers.masking_utils as mu
 
-    is_tracing, fast_all = mu.is_tracing, mu.fast_all
+    is_tracing: Any = mu.is_tracing
+    fast_all: Any = mu.fast_all
 
     def device_is_tracing(tensor: Any = None) -> bool:
         return bool(is_tracing(None if isinstance(tensor, FakeTensor) else tensor))
