@@ -12,7 +12,7 @@ SRC = Path(memfit.__file__).parent
 
 #: Floors, lowest first. A module may import its own floor's modules and any lower floor's.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("memfit.errors", "memfit.units", "memfit.events", "memfit.failsafe"),
+    ("memfit.errors", "memfit.units", "memfit.events"),
     ("memfit.cuda",),
     ("memfit.workload", "memfit.profile"),
     ("memfit.models",),

@@ -23,10 +23,10 @@ import memfit
 from memfit._compat import torch_at_least
 from memfit.diagnosis import saved_tensors, tracking
 from memfit.diagnosis.findings import Findings
+from memfit.errors import MemfitFailureWarning
 from memfit.estimator import flops
 from memfit.estimator.flops import count_flops
 from memfit.estimator.tracker import Tracker
-from memfit.failsafe import MemfitFailureWarning
 from memfit.guard import retry
 from memfit.measurement import measure as measure_module
 from memfit.measurement import phases

@@ -19,7 +19,7 @@ from memfit.measurement.measure import _LiveTracker  # noqa: E402
 from tests.conftest import tiny_gpt2  # noqa: E402
 from tests.integrations.test_transformers import SEQ, _args, _Tokens, _train  # noqa: E402
 
-#: The first words of the one report of a failure (memfit.failsafe.Failsafe.trip).
+#: The first words of the one report of a failure (memfit.errors.Failsafe.trip).
 REPORT = "stopped after its own error in"
 
 

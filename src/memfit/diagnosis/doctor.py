@@ -88,8 +88,7 @@ from memfit.diagnosis.findings import (
 from memfit.diagnosis.saved_tensors import SavedBook
 from memfit.diagnosis.sites import Clock
 from memfit.diagnosis.tracking import GradTracker, StorageTracker
-from memfit.errors import MemfitError
-from memfit.failsafe import Failsafe
+from memfit.errors import Failsafe, MemfitError
 
 __all__ = [
     "EVAL_WITHOUT_NO_GRAD",
@@ -122,7 +121,7 @@ class Doctor:
         self._model = model
         self._clock = Clock()
         # Everything the doctor runs inside the loop is guarded: its own failure stops it
-        # (the recorders pass everything through) and the loop runs on (memfit.failsafe).
+        # (the recorders pass everything through) and the loop runs on (memfit.errors.Failsafe).
         self._failsafe = Failsafe("memfit.doctor")
         self._failsafe.on_trip(self._stop)
         self._found_before_failure: list[Finding] = []

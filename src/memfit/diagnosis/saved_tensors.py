@@ -19,7 +19,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from memfit.diagnosis.graph import graph_handles, tensor_info
 from memfit.diagnosis.sites import Clock, Site
-from memfit.failsafe import Failsafe
+from memfit.errors import Failsafe
 
 
 @dataclass

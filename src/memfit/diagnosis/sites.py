@@ -203,7 +203,7 @@ class Clock:
 
     step: int = 0
     paused: bool = False
-    #: The doctor stopped for good after its own failure (memfit.failsafe): the recorders
+    #: The doctor stopped for good after its own failure (memfit.errors.Failsafe): the recorders
     #: pass everything through.
     stopped: bool = False
     root: FrameType | None = None

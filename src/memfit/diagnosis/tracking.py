@@ -26,7 +26,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from memfit.diagnosis.saved_tensors import SavedBook
 from memfit.diagnosis.sites import Clock, Site
-from memfit.failsafe import Failsafe
+from memfit.errors import Failsafe
 
 #: Storage records are purged of dead entries when their number passes this (and then twice the
 #: number of live ones), so a long step does not grow the table without bound.

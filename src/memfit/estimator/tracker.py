@@ -43,9 +43,9 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from memfit._compat import aten_op
+from memfit.errors import Failsafe
 from memfit.estimator.flops import counted_flops
 from memfit.events import ALLOC, FREE, RELEASE_OP, Category, Event, StorageRecord
-from memfit.failsafe import Failsafe
 from memfit.techniques.checkpointing import region_listeners
 
 #: Ops that materialise `torch.tensor(...)` constants. Without a device argument these are
@@ -91,7 +91,7 @@ class Tracker(TorchDispatchMode):
     aside (`step_aside`): it stops recording and passes every later op straight through.
     """
 
-    #: Set on live trackers (memfit.failsafe); None while tracing fake tensors.
+    #: Set on live trackers (memfit.errors.Failsafe); None while tracing fake tensors.
     failsafe: Failsafe | None = None
 
     def __init__(self, model: torch.nn.Module, block_paths: Iterable[str] = ()) -> None:

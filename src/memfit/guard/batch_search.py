@@ -11,8 +11,7 @@ from typing import Any
 
 import torch
 
-from memfit.errors import BadInputError
-from memfit.failsafe import Failsafe
+from memfit.errors import BadInputError, Failsafe
 from memfit.guard.retry import MAX_BATCH, free_memory
 from memfit.simulation.simulated_gpu import active
 

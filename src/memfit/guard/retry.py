@@ -11,7 +11,7 @@ already be applied, and a smaller micro-batch does not shrink optimizer memory.
 
 The guard's own work (watching `optimizer.step()`, deciding, freeing memory) never breaks the
 step: when it fails, the guard stops (`failed` says why, a warning says it once) and the step
-runs, or its OOM propagates, as without the guard (memfit.failsafe).
+runs, or its OOM propagates, as without the guard (memfit.errors.Failsafe).
 
 Limitations: an OOM that CUDA libraries report as a plain RuntimeError ("CUBLAS_STATUS_ALLOC_
 FAILED", "CUDA error: out of memory") is not caught; with DDP/FSDP an OOM on one rank leaves the
@@ -29,8 +29,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 import torch
 from torch.utils import _pytree as pytree
 
-from memfit.errors import BadInputError
-from memfit.failsafe import Failsafe
+from memfit.errors import BadInputError, Failsafe
 from memfit.simulation.simulated_gpu import active
 
 __all__ = ["GuardedStep", "TrainStep", "oom_guard"]

@@ -16,9 +16,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from memfit.errors import BadInputError, MemfitError
+from memfit.errors import BadInputError, Failsafe, MemfitError
 from memfit.estimator.estimate import Estimate, estimate
-from memfit.failsafe import Failsafe
 from memfit.measurement.measure import Measurement, measure
 from memfit.models.sources import ModelSpec
 from memfit.planner.search import Goal, Plan, plan
@@ -260,7 +259,7 @@ def _gpu_of(device: torch.device | str | None, print_fn: Callable[[str], None]) 
 def callback_hook(where: str) -> Callable[[F], F]:
     """A callback hook (a method of a `SessionResults`) that never breaks the training: an
     unexpected exception in memfit's own work is reported once (the session's print_fn) and
-    stops the callback, and training goes on (memfit.failsafe). `WontFitError` (the intended
+    stops the callback, and training goes on (memfit.errors.Failsafe). `WontFitError` (the intended
     stop) and, with `strict=True`, every exception are raised."""
 
     def wrap(method: F) -> F:

@@ -33,10 +33,9 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
-from memfit.errors import BadInputError
+from memfit.errors import BadInputError, Failsafe
 from memfit.estimator.tracker import Tracker, memory_tensor, parameter_modules
 from memfit.events import Category
-from memfit.failsafe import Failsafe
 from memfit.measurement.phases import PhaseHooks, guarded
 from memfit.models.structure import find_repeated_blocks
 from memfit.profile import MemoryProfile
@@ -189,7 +188,7 @@ def measure(
 @contextlib.contextmanager
 def _measuring(m: Measurement) -> Iterator[Measurement]:
     # Everything memfit does here runs inside the user's code: its failure stops the
-    # measurement (memfit.failsafe) and the block runs on as without it.
+    # measurement (memfit.errors.Failsafe) and the block runs on as without it.
     failsafe = Failsafe("memfit.measure", m._report)
     tracker: _LiveTracker | None = None
     stack = contextlib.ExitStack()

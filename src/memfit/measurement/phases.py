@@ -148,7 +148,7 @@ class PhaseHooks:
 
 def guarded(tracker: Tracker, hook: Callable[..., Any]) -> Callable[..., Any]:
     """`hook` run inside the user's code with the live tracker's failsafe: when it raises,
-    the tracker steps aside and the hook returns None, as if absent (memfit.failsafe)."""
+    the tracker steps aside and the hook returns None, as if absent (memfit.errors.Failsafe)."""
     if tracker.failsafe is None:
         return hook
     name = getattr(hook, "__name__", type(hook).__name__)
