@@ -19,14 +19,15 @@ def _fake_tensor_errors() -> tuple[type[BaseException], ...]:
     from torch._subclasses import fake_tensor as ft
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-    return (
-        ft.UnsupportedFakeTensorException,
-        ft.DynamicOutputShapeException,
-        ft.DataDependentOutputException,
-        ft.UnsupportedOperatorException,
-        ft.FakeTensorDeviceMismatchError,
-        GuardOnDataDependentSymNode,
+    names = (
+        "UnsupportedFakeTensorException",
+        "DynamicOutputShapeException",
+        "DataDependentOutputException",
+        "UnsupportedOperatorException",
+        "FakeTensorDeviceMismatchError",  # from torch 2.9
     )
+    found = tuple(getattr(ft, n) for n in names if hasattr(ft, n))
+    return (*found, GuardOnDataDependentSymNode)
 
 
 def trace_error(e: Exception, tracker: Any) -> TraceError:

@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -51,10 +52,10 @@ def _load(path: Path) -> dict[str, Any]:
             f"{str(path)!r} cannot be read as text ({e}); give the YAML file "
             "`accelerate config` wrote (~/.cache/huggingface/accelerate/default_config.yaml)."
         ) from None
+    yaml: Any = None
     try:
-        yaml: Any = None
         if path.suffix != ".json":
-            import yaml
+            yaml = importlib.import_module("yaml")
     except ImportError as e:  # yaml comes with accelerate and transformers
         raise ImportError(
             "Reading a YAML accelerate config needs PyYAML (pip install pyyaml)."

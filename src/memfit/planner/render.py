@@ -265,7 +265,7 @@ def _limit_answer(limit: Limit) -> str:
         return f"at least {limit.largest} (the search cap; more may fit)"
     if limit.what in ("seq_len", "prompt_len") and limit.largest == limit.upper:
         return f"{limit.largest} (every position the model has)"
-    if limit.resolution > 1:
+    if limit.resolution > 1 and limit.largest is not None:
         return (
             f"{limit.largest} (to within {limit.resolution} tokens: "
             f"{limit.largest + limit.resolution} does not fit)"
