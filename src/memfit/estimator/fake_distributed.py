@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from memfit._compat import ensure_c10d_meta_kernels
 from memfit.errors import BadInputError
 
 
@@ -28,6 +29,7 @@ def fake_world(n: int) -> Iterator[Any]:
             f"Estimating for {n} GPUs runs a fake process group, and this process already has "
             "a real one. Estimate outside the distributed job (memfit works on one CPU)."
         )
+    ensure_c10d_meta_kernels()  # torch < 2.10 has none for the fake group's collectives
     dist.init_process_group("fake", rank=0, world_size=n, store=FakeStore())
     try:
         yield init_device_mesh("cpu", (n,))
