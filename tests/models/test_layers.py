@@ -175,3 +175,22 @@ def test_layers_that_repeat_in_runs_are_replayed_by_runs(tmp_path):
     assert est.profile.peak_allocated_bytes == whole.profile.peak_allocated_bytes
     assert est.profile.breakdown == whole.profile.breakdown
     assert est.profile.by_module == whole.profile.by_module  # layers named as in the model
+
+
+def test_the_catalogs_layers_are_alike_after_the_first():
+    # memfit compares the layers of a config.json's model before replaying them, not those of
+    # the built-in catalog's entries: this is why.
+    from memfit.models.catalog import build_model, hf_config, list_models
+    from memfit.models.layers import replay_units
+
+    for entry in list_models():
+        key = entry.repeated_layers_key
+        if key is None:
+            continue
+        n = entry.config[key]
+        full = hf_config(entry.model_type, dict(entry.config), entry.name).to_dict()
+        units, reason = replay_units(f"catalog {entry.name}", full, n,
+                                     lambda e=entry: build_model(e))  # fmt: skip
+        # Alike, or all but the first (BEiT's first layer has no drop path): 3 traced, the
+        # middle one replayed.
+        assert units is not None and units.alike, (entry.name, reason)

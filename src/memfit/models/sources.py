@@ -266,7 +266,9 @@ def _from_catalog(entry: CatalogModel, task: str | None) -> ModelSpec:
     loss, notes = "hf", []
     cache_key = _entry_key(entry, chosen)
     units, differ = None, None
-    if num_layers is not None and num_layers > _FEWEST_REPLAYED:
+    # The built-in catalog's layers are alike (tests/models/test_layers.py checks each entry):
+    # only a config.json's are compared.
+    if num_layers is not None and num_layers > _FEWEST_REPLAYED and entry.hf_id is None:
         units, differ = _replay_units(entry, chosen, num_layers, cache_key)
     grouped = units if differ is not None else None  # replayed by units of layers
     if differ is not None:
@@ -418,8 +420,8 @@ def _special_floats(value: Any) -> Any:
 
 def _start_token(fields: dict[str, Any], config: Any, task: str, model_type: str) -> list[str]:
     """A seq2seq LM's training step shifts its labels right into the decoder's inputs, starting
-    them with `decoder_start_token_id`. T5's config class has no such field (transformers 5),
-    and the default config it writes has none, so that step raises AttributeError; every T5
+    them with `decoder_start_token_id`. T5's config class has no such field (transformers 5;
+    None before), and the default config it writes has none, so that step raises; every T5
     checkpoint sets it to `pad_token_id`. Its value changes no memory: memfit sets it so in
     `fields` and returns the note that says so (none when the config has one)."""
     if getattr(config, "decoder_start_token_id", None) is not None:
@@ -430,7 +432,7 @@ def _start_token(fields: dict[str, Any], config: Any, task: str, model_type: str
     fields["decoder_start_token_id"] = pad
     return [
         f"The config has no decoder_start_token_id, with which {model_type}'s {task} step "
-        f"starts the decoder's inputs (transformers raises AttributeError without it): memfit "
+        f"starts the decoder's inputs (transformers' training step fails without it): memfit "
         f"traced it as pad_token_id ({pad}), as {model_type} checkpoints set it. Add "
         f'"decoder_start_token_id": {pad} to the config before training.'
     ]
