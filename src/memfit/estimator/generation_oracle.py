@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -15,6 +16,10 @@ from torch._subclasses.fake_tensor import FakeTensor
 from memfit._compat import MIN_TRANSFORMERS_GENERATE, generate_keeps_all_ones_mask
 from memfit.errors import BadInputError, TraceError
 from memfit.estimator.tracker import Tracker
+
+#: The special tokens `GenerationMixin._prepare_special_tokens` turns into tensors
+#: (`generation_config._<name>_token_tensor` from `<name>_token_id`).
+SPECIAL_TOKENS = ("bos", "eos", "pad", "decoder_start")
 
 
 def check_transformers_generate() -> None:
@@ -38,10 +43,12 @@ class GenerationTracker(Tracker):
     inputs: `(attention_mask == 1).all()` (is there padding?) and `(ids < 0).any()` (dummy
     ids?), and with a batch of prompts and a pad token `sum(ids[:, -1] == pad) > 0` (right
     padding?). memfit's prompt has no padding and no negative or special ids, so an `all` is
-    True, an `any` False, and that comparison False. After its loop, beam search crops its
-    outputs (views) to the generated length, `max_generated_length = (...).sum(dim=1).max()`
-    and `prompt + max_generated_length`: new_tokens and prompt_len + new_tokens. Any other
-    read is an error naming the op.
+    True, an `any` False, and that comparison False. Beam search fills its output buffers with
+    `pad_token_id or eos_token_id[0]`, reading special token tensors made from the generation
+    config's ids: each such read is answered with its id (Oracle.token_value). After its loop,
+    beam search crops its outputs (views) to the generated length,
+    `max_generated_length = (...).sum(dim=1).max()` and `prompt + max_generated_length`:
+    new_tokens and prompt_len + new_tokens. Any other read is an error naming the op.
     """
 
     #: Set by the trace: the oracle of the generation and the prompt length.
@@ -53,6 +60,9 @@ class GenerationTracker(Tracker):
             sid = self.sid_of(args[0])
             op = self.records[sid].op if sid is not None else "?"
             finished = self.oracle.calls >= self.oracle.new_tokens
+            token = self.oracle.token_value(args[0], self.sid_of)
+            if token is not None:
+                return token
             if op.startswith("all."):
                 return True
             if op.startswith("any."):
@@ -83,6 +93,43 @@ class Oracle:
     def __init__(self, new_tokens: int) -> None:
         self.new_tokens = new_tokens
         self.calls = 0
+        #: The special token tensors generate made from its config's ids, each with the ids
+        #: its storage holds from the tensor's first element on. Weak references: the tensors
+        #: are freed when generate drops them, as on the device.
+        self.tokens: list[tuple[weakref.ref[torch.Tensor], list[int]]] = []
+
+    def note_tokens(self, generation_config: Any) -> None:
+        """Remember the special token tensors `_prepare_special_tokens` just made.
+
+        Each `_<name>_token_tensor` is `torch.tensor(<name>_token_id)` (one id or a list), or,
+        for a pad token the config does not set, `eos_token_tensor[0]` (a view of the eos
+        tensor, whose storage is remembered with the eos ids). An id given as a tensor is not
+        remembered: its values are not read here, and a read of it stays an error.
+        """
+        for name in SPECIAL_TOKENS:
+            tensor = getattr(generation_config, f"_{name}_token_tensor", None)
+            ids = getattr(generation_config, f"{name}_token_id", None)
+            if isinstance(ids, bool) or not isinstance(tensor, torch.Tensor):
+                continue
+            if isinstance(ids, int):
+                self.tokens.append((weakref.ref(tensor), [ids]))
+            elif isinstance(ids, (list, tuple)) and all(type(i) is int for i in ids):
+                self.tokens.append((weakref.ref(tensor), list(ids)))
+
+    def token_value(self, read: torch.Tensor, sid_of: Callable[[torch.Tensor], int | None]
+                    ) -> int | None:  # fmt: skip
+        """The id a one-element read of a special token tensor (or a view of one) holds, by
+        its place in the storage; None for any other tensor."""
+        sid = sid_of(read)
+        if sid is None or read.numel() != 1 or read.dtype != torch.long:
+            return None
+        for ref, ids in self.tokens:
+            tensor = ref()
+            if tensor is not None and sid_of(tensor) == sid:
+                index = read.storage_offset() - tensor.storage_offset()
+                if 0 <= index < len(ids):
+                    return ids[index]
+        return None
 
     @contextlib.contextmanager
     def patched(self) -> Iterator[None]:
@@ -94,6 +141,7 @@ class Oracle:
         stop_check = gu.StopCheck.__call__
         beams_unfinished = gu.GenerationMixin._beam_search_has_unfinished_sequences
         reorder = cu.StaticLayer.reorder_cache
+        prepare_tokens = gu.GenerationMixin._prepare_special_tokens
 
         def stop_call(
             self: Any, unfinished: torch.Tensor, tokens: torch.Tensor, length: int
@@ -116,10 +164,15 @@ class Oracle:
             self.keys = self.keys.index_select(0, beam_idx.to(self.keys.device))
             self.values = self.values.index_select(0, beam_idx.to(self.values.device))
 
+        def prepare_special(self: Any, generation_config: Any, *args: Any, **kwargs: Any) -> None:
+            prepare_tokens(self, generation_config, *args, **kwargs)
+            oracle.note_tokens(generation_config)
+
         setattr(gu.StopCheck, "__call__", stop_call)  # noqa: B010
         name = "_beam_search_has_unfinished_sequences"
         setattr(gu.GenerationMixin, name, staticmethod(beams_call))
         setattr(cu.StaticLayer, "reorder_cache", static_reorder)  # noqa: B010
+        setattr(gu.GenerationMixin, "_prepare_special_tokens", prepare_special)  # noqa: B010
         try:
             yield
         finally:
@@ -128,6 +181,8 @@ class Oracle:
                 beams_unfinished
             )
             cu.StaticLayer.reorder_cache = reorder  # type: ignore[method-assign]
+            setattr(gu.GenerationMixin, "_prepare_special_tokens", prepare_tokens)  # noqa: B010
+            self.tokens.clear()
 
 
 @contextlib.contextmanager
