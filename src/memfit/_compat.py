@@ -26,7 +26,7 @@ from packaging.version import Version
 #: The oldest torch and transformers memfit supports; pyproject.toml declares the same floor and
 #: the compatibility matrix tests it (docs/compat.md).
 MIN_TORCH = Version("2.8")
-MIN_TRANSFORMERS = Version("4.56")
+MIN_TRANSFORMERS = Version("5.17")
 
 
 def _release(text: str) -> Version:
