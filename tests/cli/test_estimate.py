@@ -192,6 +192,23 @@ def test_pictures_are_checked_before_the_estimate(tmp_path, monkeypatch):
     assert f"the folder {str(tmp_path / 'no')!r} does not exist" in result.output
 
 
+def test_the_paths_written_are_said_on_stderr(tmp_path):
+    # Issue 29: the paths written by --timeline and --snapshot were not printed.
+    timeline, snapshot = tmp_path / "t.html", tmp_path / "s.pickle"
+    done = subprocess.run(
+        [sys.executable, "-m", "memfit.cli", "estimate", "gpt2", "--seq", "16", "--json",
+         "--timeline", str(timeline), "--snapshot", str(snapshot)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    json.loads(done.stdout)  # stdout stays the JSON report
+    assert done.stderr.splitlines() == [
+        f"wrote the memory timeline to {timeline} (open it in a browser)",
+        f"wrote the memory snapshot to {snapshot} (drag it onto pytorch.org/memory_viz)",
+    ]
+    assert timeline.stat().st_size > 0 and snapshot.stat().st_size > 0
+
+
 def test_python_results_print_their_headline():
     # The Python faces: an Estimate shows its numbers, not a dataclass dump of its events; an
     # OomReport prints as the CLI renders it.

@@ -6,6 +6,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import typer
+
 from memfit.errors import BadInputError
 from memfit.report.memory_viz import to_memory_viz
 from memfit.report.timeline import render_png
@@ -66,5 +68,16 @@ def write_pictures(
             from memfit.report.timeline_html import render_html
 
             render_html(profile, timeline)
+        where = "a browser" if suffix != ".png" else "an image viewer"
+        typer.echo(f"wrote the memory timeline to {timeline} (open it in {where})", err=True)
     if snapshot is not None:
         to_memory_viz(profile, snapshot, config=config)
+        said_snapshot(snapshot)
+
+
+def said_snapshot(snapshot: Path) -> None:
+    """Say where a memory_viz snapshot was written (on stderr: stdout may be JSON)."""
+    typer.echo(
+        f"wrote the memory snapshot to {snapshot} (drag it onto pytorch.org/memory_viz)",
+        err=True,
+    )

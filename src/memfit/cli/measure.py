@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from memfit.cli._exit import EXIT_OK, fail
-from memfit.cli._pictures import check_picture_paths, write_pictures
+from memfit.cli._pictures import check_picture_paths, said_snapshot, write_pictures
 from memfit.cli._script import check_script
 from memfit.errors import BadInputError, MemfitError
 from memfit.measurement.script_runner import ScriptFailed, run_script
@@ -80,6 +80,7 @@ def profile_command(
 
         with open(snapshot, "wb") as f:  # the allocator's own history, not a simulation
             pickle.dump(m.cuda_snapshot, f)
+        said_snapshot(snapshot)
         snapshot = None
     try:
         write_pictures(profile, timeline, snapshot)
