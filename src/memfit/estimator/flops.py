@@ -46,18 +46,11 @@ _ATTENTION_LAYOUTS: dict[Any, tuple[int, int]] = {
 _UNCOUNTED_REPORTED: set[str] = set()
 
 
-class _Shape(tuple):
-    """A shape standing for a tensor in a FLOP formula: formulas given shapes unpack it, those
-    given the tensors (`get_raw`) read its `.shape`."""
-
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size(self)
-
-
 def _grouped_kv_expanded(args: tuple[Any, ...], query: int, heads_dim: int) -> tuple[Any, ...]:
-    """`args` of an attention op with K and V (after the query at index `query`) standing as
-    shapes with Q's number of heads when they have fewer (grouped-query attention)."""
+    """`args` of an attention op with K and V (after the query at index `query`) replaced by
+    meta tensors with Q's number of heads when they have fewer (grouped-query attention): no
+    memory, and every formula reads them as it reads tensors (`.shape`; torch 2.15's raw-kernel
+    formulas also `.transpose` them)."""
     if len(args) < query + 3:
         return args
     q, k, v = args[query : query + 3]
@@ -71,7 +64,7 @@ def _grouped_kv_expanded(args: tuple[Any, ...], query: int, heads_dim: int) -> t
     for i, t in ((query + 1, k), (query + 2, v)):
         shape = list(t.shape)
         shape[heads_dim] = heads
-        out[i] = _Shape(shape)
+        out[i] = torch.empty(shape, dtype=t.dtype, device="meta")
     return tuple(out)
 
 
