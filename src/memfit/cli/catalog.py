@@ -9,17 +9,24 @@ tokens. Exit 0 when some GPU fits, 1 when none does, 2 on bad input.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from memfit.cli._exit import EXIT_DOES_NOT_FIT, fail
 from memfit.cli._workload_options import NoCache, skip_cache
 from memfit.cuda.target import list_gpus
 from memfit.errors import MemfitError
 from memfit.units import format_bytes
+
+
+def _name_column(names: Iterable[str]) -> Column:
+    """The column of the names a user types (`--gpu rtx-4060-ti-16gb`): never wrapped or cut,
+    whatever the terminal's width; the other columns wrap instead."""
+    return Column("name", no_wrap=True, min_width=max((len(n) for n in names), default=4))
 
 
 def models_command(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
@@ -35,7 +42,7 @@ def models_command(as_json: Annotated[bool, typer.Option("--json")] = False) -> 
         ]
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table("name", "parameters", "default task", "source")
+    table = Table(_name_column(m.name for m in entries), "parameters", "default task", "source")
     for m in entries:
         table.add_row(m.name, f"{m.parameter_count:,}", m.task, m.hf_id or "memfit.models.zoo")
     Console().print(table)
@@ -124,7 +131,8 @@ def _catalog(as_json: bool) -> None:
         ]
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table("name", "memory (torch)", "compute cap.", "bf16", "flash attn", "model")
+    table = Table(_name_column(g.name for g in entries), "memory (torch)", "compute cap.",
+                  "bf16", "flash attn", "model")  # fmt: skip
     for g in entries:
         cc = f"{g.compute_capability[0]}.{g.compute_capability[1]}"
         table.add_row(
