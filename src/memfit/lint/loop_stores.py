@@ -1,7 +1,8 @@
 """MF001: the stores that keep a training loop's graph tensors past their iteration.
 
 Four shapes, each into something the loop does not re-bind (so it outlives the iteration):
-an accumulation (`total += loss`, `total = total + loss`, `total.add_(loss)`), a container
+an accumulation (`total += loss`, `total = total + loss`, `self.total = self.total + loss`,
+`total.add_(loss)`), a container
 (`losses.append(loss)`, `outs.extend([out])`), an attribute of `self` (`self.last = loss`), and
 a loop-carried name (`prev = loss`, read earlier in the loop). An accumulation under `no_grad`
 makes a graph-free tensor and is not reported; a container keeps the tensor as it is and is.
@@ -64,10 +65,13 @@ def _accumulation(lp: _Loop, node: ast.AST) -> LintFinding | None:
         name = t.id if isinstance(t, ast.Name) and isinstance(node.value, ast.BinOp) else None
         if name in _ast.data_names(node.value) and lp.bound.get(name or "") == [node]:
             holder, value = name, node.value
+        elif _self_accumulation(t, node.value):  # `self.total = self.total + loss`
+            holder, value = _ast.dotted(t), node.value
     elif isinstance(node, ast.Call) and _ast.call_name(node) in _IN_PLACE_ADDS and node.args:
         assert isinstance(node.func, ast.Attribute)
         holder, value = _ast.root_name(node.func.value), node.args[0]
-    rebinds = isinstance(node, ast.Assign)  # `t = t + loss`: its only binding in the loop
+    # `t = t + loss` (its only binding in the loop) and `self.t = self.t + loss` outlive it.
+    rebinds = isinstance(node, ast.Assign)
     if value is None or not (rebinds or lp.outlives(holder)) or _ast.inside(node, lp.guards):
         return None
     leaves = [(n, leaf) for n, leaf in lp.leaves(value) if n != holder]
@@ -83,6 +87,16 @@ def _accumulation(lp: _Loop, node: ast.AST) -> LintFinding | None:
         f"`{lp.ctx.text(node)}` keeps every step's autograd graph alive in `{holder}`",
         fix, edits,
     )  # fmt: skip
+
+
+def _self_accumulation(target: ast.expr, value: ast.expr) -> bool:
+    """`self.x = self.x + ...` (or `- ...`): an attribute of self accumulated by assignment."""
+    dotted = _ast.dotted(target) or ""
+    if not dotted.startswith("self.") or not isinstance(value, ast.BinOp):
+        return False
+    if not isinstance(value.op, _ACCUMULATE_OPS):
+        return False
+    return dotted in (_ast.dotted(value.left), _ast.dotted(value.right))
 
 
 def _container(lp: _Loop, node: ast.AST) -> LintFinding | None:
