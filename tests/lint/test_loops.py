@@ -30,8 +30,8 @@ LEAKS = {
                 "            self.last = loss\n", 10),
     "on-self-binop": ("class T:\n    def fit(self):\n        self.running = 0.0\n"
                       "        for x in data:\n            loss = self.model(x).sum()\n"
-                      "            loss.backward()\n            self.running = self.running + loss\n",
-                      11),
+                      "            loss.backward()\n"
+                      "            self.running = self.running + loss\n", 11),
     "carried": ("prev = None\nfor x in data:\n    loss = model(x).sum()\n"
                 "    if prev is not None and loss > prev:\n        print('up')\n"
                 "    loss.backward()\n    prev = loss\n", 11),
