@@ -307,7 +307,7 @@ def test_torch_before_2_12_asserts_on_grouped_kv_and_memfit_counts_it():
     op = aten._scaled_dot_product_flash_attention
     args = (_meta(Q), _meta(KV), _meta(KV), 0.0, False, False)
     if not torch_at_least("2.12"):
-        with pytest.raises(AssertionError, match="shapes are incompatible"):
+        with pytest.raises(AssertionError):  # 2.11 names the shapes, 2.8 is a bare `assert`
             flops.flop_registry[op](*args, out_val=None)
     assert count_flops(op.default, args, {}, None) == 2 * 2 * 1 * 8 * 16 * 16 * 32
 
