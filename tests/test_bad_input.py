@@ -64,6 +64,7 @@ def trial(batch):
     "empty.json": "{}",
     "not_yaml.yaml": "compute_environment: [LOCAL_MACHINE\nnum_processes: 2\n",
     "syntax.py": "def train(:\n    pass\n",
+    "list.json": "[]",
     "strings.json": json.dumps({"peak_allocated_bytes": "lots"}),
     "report.json": json.dumps(
         {
@@ -110,6 +111,7 @@ ROWS = [
     cli("estimate gpt2 --snapshot /proc/x.pickle", 2, "no file can be written in '/proc'"),
     cli("estimate gpt2 --accelerate-config {tmp}/not_yaml.yaml", 2,
         "is not a readable accelerate config (while parsing a flow sequence)"),
+    cli("estimate {tmp}/list.json", 2, "holds a JSON list, not a config"),
     cli("doctor {tmp}/syntax.py", 2, "syntax.py' is not valid Python: invalid syntax (line 1"),
     cli("profile {tmp}/syntax.py", 2, "is not valid Python"),
     cli("doctor {tmp}", 2, "does not exist (or is not a file)"),

@@ -266,3 +266,24 @@ def test_seq_len_a_make_batch_cannot_take_is_refused():
     # Without --seq the batch is the make_batch's, as it always was.
     batch = make_batch_for(spec, torch.nn.Linear(8, 2), w.with_(seq_len=None), torch.float32)
     assert batch.shape == (2, 256, 8)
+
+
+def test_sizes_left_to_transformers_defaults_are_named(tmp_path):
+    # Issue 29: {"model_type": "llama"} was estimated as a 6.74 B model without a word.
+    from memfit.models.sources import resolve_model
+
+    only_type = tmp_path / "config.json"
+    only_type.write_text('{"model_type": "llama"}')
+    (note,) = [n for n in resolve_model(str(only_type)).notes if "does not give" in n]
+    assert note.startswith(
+        "the file does not give vocab_size=32000, hidden_size=4096, num_hidden_layers=32, "
+        "num_attention_heads=32, num_key_value_heads=32, intermediate_size=11008, "
+        "max_position_embeddings=2048: these come from transformers' LlamaConfig defaults"
+    )
+    # GPT-2's own names (n_embd, n_layer, ...) count as given.
+    gpt2 = tmp_path / "gpt2.json"
+    gpt2.write_text(
+        '{"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 2, "vocab_size": 100, '
+        '"n_positions": 32}'
+    )
+    assert not [n for n in resolve_model(str(gpt2)).notes if "does not give" in n]

@@ -340,12 +340,43 @@ def _entry_key(entry: CatalogModel, task: str) -> str:
     return json.dumps({"entry": fields, "task": task}, sort_keys=True, default=repr)
 
 
+#: The config fields that size a model, under their canonical names (transformers maps a
+#: family's own names, such as GPT-2's n_embd, to them through `attribute_map`).
+SIZE_FIELDS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "intermediate_size", "max_position_embeddings",
+)  # fmt: skip
+
+
+def _defaulted_sizes(raw: dict[str, Any], config: Any) -> list[str]:
+    """A note naming the sizes the file leaves to transformers' defaults (a config of only
+    `{"model_type": "llama"}` builds a 6.7B model): never a silent guess."""
+    aliases = getattr(config, "attribute_map", {}) or {}
+    missing = []
+    for name in SIZE_FIELDS:
+        value = getattr(config, name, None)
+        if value is None or name in raw or aliases.get(name) in raw:
+            continue
+        missing.append(f"{name}={value}")
+    if not missing:
+        return []
+    return [
+        f"the file does not give {', '.join(missing)}: these come from transformers' "
+        f"{type(config).__name__} defaults; put the checkpoint's own values in the config"
+    ]
+
+
 def _from_hf_config(path: Path, task: str | None) -> ModelSpec:
     origin = str(path)
     try:
         raw = _special_floats(json.loads(path.read_text()))
     except (OSError, json.JSONDecodeError) as e:
         raise BadInputError(f"Cannot read HF config {origin!r}: {e}") from e
+    if not isinstance(raw, dict):
+        raise BadInputError(
+            f"{origin!r} holds a JSON {type(raw).__name__}, not a config: a config.json is an "
+            'object such as {"model_type": "llama", "hidden_size": 2048, ...}.'
+        )
     model_type = raw.get("model_type")
     if not model_type:
         raise BadInputError(
@@ -364,6 +395,7 @@ def _from_hf_config(path: Path, task: str | None) -> ModelSpec:
             f"transformers has: {', '.join(available) or 'no head memfit trains'}.{known}"
         )
     notes = _start_token(fields, config, chosen, model_type) if chosen == "seq2seq-lm" else []
+    notes += _defaulted_sizes(raw, config)
     encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
     layers_key = None
     if not encoder_decoder:
