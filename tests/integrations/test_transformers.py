@@ -102,6 +102,20 @@ def test_a_cpu_measurement_with_dropout_is_not_called_a_miss(tmp_path):
     assert "(beyond the 2% of docs/accuracy.md)" in str(no_dropout)
 
 
+def test_trainer_messages_read_as_sentences_without_cli_flags():
+    from memfit.integrations._session import _sentences, _trainer_wording
+
+    assert _sentences(["a.", "b;", " c ", ""]) == "a; b; c."
+    assert _sentences([]) == ""
+    tip = (
+        "Techniques that change the training, if you accept that: --allow pure-precision, "
+        "--allow qlora."
+    )
+    assert _trainer_wording(tip) == (
+        "Techniques that change the training, if you accept that: pure-precision, qlora."
+    )
+
+
 def test_lora_through_peft_is_read_from_the_model(tmp_path):
     model = peft.get_peft_model(
         tiny_gpt2(2, n_positions=SEQ),
@@ -184,7 +198,11 @@ def test_a_gpu_too_small_stops_before_the_first_step(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     message = str(err.value)
     assert "will not fit NVIDIA GeForce RTX 4090 limited to 0.55 GiB" in message
-    assert "one step needs 578.00 MiB of 560.00 MiB" in message
+    assert (
+        "one step needs 578.00 MiB (nvidia-smi's count), and memfit allows 532.00 MiB, the "
+        "card's 560.00 MiB less a 5% margin." in message
+    )
+    assert ".;" not in message and ".." not in message
     assert "per_device_train_batch_size=4 (now 32)" in message
     assert "gradient_accumulation_steps=8 (now 1)" in message
     assert err.value.changes == {"per_device_train_batch_size": 4,

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
 
 from memfit.errors import BadInputError, Failsafe, MemfitError
+from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.estimator.estimate import Estimate, estimate
 from memfit.measurement.measure import Measurement, measure
 from memfit.models.sources import ModelSpec
@@ -182,14 +184,19 @@ class Session:
             p = plan_keeping(None)
         self.plan = p
         need = format_bytes(est.profile.device_total_bytes)
+        limit = int(est.gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION))
         head = (
-            f"memfit: this run will not fit {est.gpu.display_name}: one step needs {need} of "
-            f"{format_bytes(est.gpu.total_memory_bytes)} (nvidia-smi's count)."
+            f"memfit: this run will not fit {est.gpu.display_name}: one step needs {need} "
+            f"(nvidia-smi's count), and memfit allows {format_bytes(limit)}, the card's "
+            f"{format_bytes(est.gpu.total_memory_bytes)} less a {FIT_MARGIN_FRACTION:.0%} margin."
         )
         changes: dict[str, Any] = {}
         if p.best is None:
-            tips = "; ".join(p.suggestions) or "no configuration memfit searches fits"
-            message = f"{head} No setting of the trainer makes it fit: {tips}."
+            tips = _sentences(_trainer_wording(t) for t in p.suggestions)
+            message = (
+                f"{head} No setting of the trainer makes it fit: "
+                f"{tips or 'no configuration memfit searches fits.'}"
+            )
         else:
             changes, notes, other = describe(p.best.workload)
             now = current()
@@ -197,7 +204,7 @@ class Session:
             fit = format_bytes(p.best.estimate.profile.device_total_bytes)
             message = f"{head} Change: {listed}; then one step needs {fit}."
             if notes or other:
-                message += " Note: " + "; ".join(notes + other) + "."
+                message += " Note: " + _sentences(notes + other)
         if self.stop:
             raise WontFitError(message + " Stopped before the first step.", changes)
         self.print_fn(message)
@@ -258,6 +265,18 @@ class Session:
                                      dropout=not cuda and self._dropout)  # fmt: skip
         self.print_fn(str(self.comparison))
         return self.comparison
+
+
+def _sentences(parts: Iterable[str]) -> str:
+    """Parts joined as one sentence ("a; b; c."), whatever punctuation each part ends with."""
+    cleaned = [p.strip().rstrip(".;").strip() for p in parts]
+    return "; ".join(p for p in cleaned if p) + "." if any(cleaned) else ""
+
+
+def _trainer_wording(tip: str) -> str:
+    """A plan's suggestion as a trainer's user acts on it: the planner's `--allow NAME` and
+    `--forbid NAME` are options of `memfit plan`, not of a Trainer."""
+    return re.sub(r"--(?:allow|forbid) ([\w-]+)", r"\1", tip)
 
 
 #: Config fields transformers models read as dropout probabilities (functional dropout, e.g.
