@@ -135,55 +135,18 @@ def quiet_imports() -> Iterator[None]:
             lg.setLevel(level)
 
 
-#: The c10d collectives FSDP2 and tensor parallelism call, and what each returns: its first
-#: argument (the output tensors) with a work handle, or the work handle alone.
-_C10D_RETURNS_OUTPUT = (
-    "broadcast_",
-    "allreduce_",
-    "allgather_",
-    "_allgather_base_",
-    "reduce_scatter_",
-    "_reduce_scatter_base_",
-    "scatter_",
-    "alltoall_",
-)
-_C10D_RETURNS_WORK = (
-    "reduce_",
-    "gather_",
-    "alltoall_base_",
-    "barrier",
-    "send",
-    "recv_",
-    "recv_any_source_",
-)
-_c10d_meta_registered: list[Any] = []
-
-
 def ensure_c10d_meta_kernels() -> None:
     """Meta kernels for the c10d collectives, which FakeTensorMode needs to run a collective
     on fake tensors over the "fake" process group.
 
-    Newer torch registers them itself (`torch.distributed._meta_registrations`, present in 2.11:
-    each returns its output tensors and a FakeWork); torch 2.8 has none, and a fake FSDP2
-    all-gather raises "c10d::_allgather_base_: ... no fake impl or Meta kernel". Where torch
-    lacks that module, memfit registers the same kernels, once per process.
+    Newer torch registers them when torch.distributed is imported
+    (`torch.distributed._meta_registrations`, present in 2.11); torch 2.8 registers the same
+    kernels only when `torch.distributed._tools.fake_collectives` (MemTracker's) is imported,
+    and without them a fake FSDP2 all-gather raises "c10d::_allgather_base_: ... no fake impl
+    or Meta kernel". Importing torch's own module registers them once per process, and leaves
+    no second registration to clash with it.
     """
     import importlib.util
 
-    if _c10d_meta_registered or importlib.util.find_spec("torch.distributed._meta_registrations"):
-        return
-    import random
-
-    from torch._C._distributed_c10d import FakeWork
-
-    def work() -> Any:
-        w = FakeWork()
-        w.seq_id = random.randint(1, 10**9)
-        return w.boxed()
-
-    lib = torch.library.Library("c10d", "IMPL")  # kept alive: the kernels live as long as it
-    for op in _C10D_RETURNS_OUTPUT:
-        lib.impl(op, lambda *args: (args[0], work()), "Meta")
-    for op in _C10D_RETURNS_WORK:
-        lib.impl(op, lambda *args: work(), "Meta")
-    _c10d_meta_registered.append(lib)
+    if importlib.util.find_spec("torch.distributed._meta_registrations") is None:
+        importlib.import_module("torch.distributed._tools.fake_collectives")
