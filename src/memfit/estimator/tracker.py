@@ -1,11 +1,9 @@
 """The tracker: every storage allocated and freed during a step, with who and why.
 
-`Tracker` is a TorchDispatchMode. It sits below autograd, so it sees every aten kernel that runs
-(after composite ops are decomposed), including the kernels autograd runs in backward. For each
-op's outputs it looks at the untyped storage; a storage it has not seen is a new allocation. A
-`weakref.finalize` on the storage object records the free: PyTorch keeps one Python object per
-live storage, so the finalizer runs exactly when the storage's memory is released. Views and
-in-place results share a storage and are counted once; so are tied weights.
+`Tracker` is a TorchDispatchMode below autograd: it sees every aten kernel that runs, backward's
+too. A storage it has not seen is a new allocation; a `weakref.finalize` on the storage object
+(one Python object per live storage) records the free exactly when its memory is released.
+Views, in-place results and tied weights share a storage and are counted once.
 
 Context of each event:
 - phase ("forward", "backward", "optimizer", "zero_grad", "setup") and step, set by the driver;
@@ -24,11 +22,9 @@ Note: [Backward attribution]
     tagged nodes, so each node is visited once and belongs to the innermost module that created
     it.
 
-Categories (see `CATEGORIES`) are decided per storage and may be revised once its role is known:
-a forward allocation is an activation if it outlives the forward region that made it, else a
-temporary; a backward allocation becomes a gradient when AccumulateGrad stores it in `.grad`;
-an optimizer allocation becomes optimizer state when it is found in `optimizer.state`.
-"""
+Categories (`CATEGORIES`) are decided per storage and revised once its role is known: a forward
+allocation outliving its region is an activation, else a temporary; gradients and optimizer
+state are found in `.grad` and `optimizer.state`."""
 
 from __future__ import annotations
 
@@ -45,6 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memfit._compat import aten_op
 from memfit.errors import Failsafe
 from memfit.estimator.flops import counted_flops
+from memfit.estimator.value_reads import certain_value, note_certain_value
 from memfit.events import ALLOC, FREE, RELEASE_OP, Category, Event, StorageRecord
 from memfit.techniques.checkpointing import region_listeners
 
@@ -135,6 +132,7 @@ class Tracker(TorchDispatchMode):
         self.flops: dict[tuple[int, str, int], int] = {}
         #: Ops whose FLOP formula raised, with why: their FLOPs are left out of `flops`.
         self.uncounted_flops: dict[str, str] = {}
+        self.certain_values: dict[int, bool] = {}  # sid -> its value (value_reads)
 
     def add_model(self, model: torch.nn.Module, block_paths: Iterable[str] = ()) -> None:
         """Name `model`'s modules by their paths in it (and their repeated-block owners)."""
@@ -254,13 +252,14 @@ class Tracker(TorchDispatchMode):
                 return _grouped_mm_other_dtype(*args, **kwargs)
             return func(*args, **kwargs)
         except DataDependentOutputException:
-            # Optimizers read scalars for arithmetic only (Adafactor's parameter RMS, found-inf
-            # checks); no allocation depends on the value, so a neutral 1 stands in. In forward
-            # and backward a value can decide shapes, so it stays an error there.
+            # A certain value is answered (memfit.estimator.value_reads). Optimizers read scalars
+            # for arithmetic only (Adafactor's RMS, found-inf checks): a neutral 1 stands in. In
+            # forward and backward a value can decide shapes, so it stays an error there.
+            if (known := certain_value(self, func, args)) is not None:
+                return known
             if func is not torch.ops.aten._local_scalar_dense.default or self.phase in (
-                "forward",
-                "backward",
-            ):
+                "forward", "backward"
+            ):  # fmt: skip
                 raise
             return True if args[0].dtype == torch.bool else 1
         finally:
@@ -285,6 +284,7 @@ class Tracker(TorchDispatchMode):
                 else:
                     owner, module = origins[i] if i < len(origins) else origins[-1]
                     self._track(t, op=name, owner=owner, module=module)
+        note_certain_value(self, func, args, out)
 
     def step_aside(self, where: str, error: BaseException) -> None:
         """A live tracker's own failure in `where`: stop recording (every later op passes
