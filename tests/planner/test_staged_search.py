@@ -5,6 +5,7 @@ bf16-mixed paged-AdamW configuration fitted)."""
 
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 from typing import Any
 
@@ -53,3 +54,19 @@ def test_nothing_fits_at_all(monkeypatch):
     assert calls == [("usual", False), ("lean", False), ("offload", False),
                      ("usual", True), ("lean", True), ("offload", True)]  # fmt: skip
     assert widened == ()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("MEMFIT_SLOW_TESTS"), reason="MEMFIT_SLOW_TESTS=1")
+def test_the_rtx_4080_plan_of_the_issue_keeps_mixed_precision():
+    # The plan of issue 29 (two real plans, about 3 minutes on 2 cores): without --forbid it
+    # recommended bf16-true; the same bf16-mixed configuration as with --forbid now wins.
+    import memfit
+
+    goal = memfit.Goal(global_batch=16, seq_len=2048)
+    free = memfit.plan("llama-3.2-1b", gpu="rtx-4080", goal=goal)
+    forbidden = memfit.plan("llama-3.2-1b", gpu="rtx-4080", goal=goal, forbid=("pure-precision",))
+    assert free.best is not None and forbidden.best is not None
+    assert free.best.workload.precision == "bf16-mixed"
+    assert free.widened == ()
+    assert free.best.workload == forbidden.best.workload
