@@ -105,3 +105,18 @@ def test_longest_brackets_the_crossing_in_few_traces(curve, limit) -> None:
     expected = max(1, good // SEQ_RESOLUTION_DIVISOR) if good >= SEQ_EXACT_BELOW else 1
     assert resolution <= expected
     assert len(set(tried)) <= 9, sorted(set(tried))
+
+
+def test_a_curve_that_is_not_monotone_is_explained() -> None:
+    # Issue 29: seq 512 took 12.55 GiB and seq 1024 12.53 GiB with no word of why.
+    from memfit.cuda.target import get_gpu
+    from memfit.planner.limits import Limit
+
+    def limit(curve: list[tuple[int, int, bool]]) -> Limit:
+        return Limit(model="m", gpu=get_gpu("t4"), what="seq_len", largest=1024, curve=curve)
+
+    text = render_limit(limit([(512, 13_476, True), (1024, 13_400, True)]))
+    assert "note: the device total is not monotone here: it counts the caching allocator's" in (
+        text
+    )
+    assert "note:" not in render_limit(limit([(512, 13_400, True), (1024, 13_476, True)]))

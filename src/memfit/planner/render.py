@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from memfit.planner.limits import Limit
@@ -290,7 +291,7 @@ def render_limit(limit: Limit) -> str:
         lines = [head, "", f"  {name:>16}  {'device total':>14}  fits"]
         for v, b, f in limit.curve:
             lines.append(f"  {v:>16}  {format_bytes(b):>14}  {'yes' if f else 'no'}")
-        return "\n".join(lines)
+        return "\n".join(lines + _curve_notes(limit))
     n = limit.new_tokens
     if limit.largest:
         head += (
@@ -300,7 +301,23 @@ def render_limit(limit: Limit) -> str:
     lines = [head, "", f"  {'prompt':>10}  {'context':>10}  {'device total':>14}  fits"]
     for v, b, f in limit.curve:
         lines.append(f"  {v:>10}  {v + n:>10}  {format_bytes(b):>14}  {'yes' if f else 'no'}")
-    return "\n".join(lines)
+    return "\n".join(lines + _curve_notes(limit))
+
+
+def _curve_notes(limit: Limit) -> list[str]:
+    """Why a device total can drop as the value grows: it counts the allocator's reserved
+    segments, which pack the same requests differently at each size (a longer sequence can
+    leave less cached in the segments it splits)."""
+    totals = [b for _, b, _ in limit.curve]
+    if all(a <= b for a, b in itertools.pairwise(totals)):
+        return []
+    return [
+        "",
+        "note: the device total is not monotone here: it counts the caching allocator's "
+        "reserved segments, which the same kinds of requests fill differently at each size "
+        "(rounding to 512 B and 2 MiB, block splitting), so a larger value can leave less "
+        "cached; each row is the estimate at that value.",
+    ]
 
 
 def serving_to_json(cap: Any) -> dict[str, Any]:
