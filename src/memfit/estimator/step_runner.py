@@ -37,7 +37,7 @@ from memfit.estimator.replay import by_units
 from memfit.estimator.trace_errors import trace_error as _trace_error
 from memfit.estimator.tracker import OwnerTrackingState, Tracker, parameter_modules
 from memfit.events import Category, Event, StorageRecord
-from memfit.models.layers import layer_paths
+from memfit.models.layers import unit_layer_paths
 from memfit.models.loaded import is_as_loaded
 from memfit.models.scans import scan_budget
 from memfit.models.sources import ModelSpec
@@ -362,7 +362,7 @@ def _traced_model(
     # Quantized linears (after LoRA and the cast, as a QLoRA user's model is); notes kept.
     model.__dict__[_NOTES] = prepare_quantized(model, w, fake_mode)
     blocks = find_repeated_blocks(model)
-    layers = _unit_layers(spec, model, num_layers)
+    layers = unit_layer_paths(model, spec.layer_units, num_layers)  # files events by layer
     if w.checkpointing == "blocks":
         if not blocks:
             raise BadInputError(
@@ -384,19 +384,6 @@ def _traced_model(
     if config is not None and hasattr(config, "use_cache"):
         config.use_cache = False
     return model, blocks if layers is None else layers
-
-
-def _unit_layers(
-    spec: ModelSpec, model: torch.nn.Module, num_layers: int | None
-) -> list[str] | None:
-    """For a model replayed by units of layers (ModelSpec.layer_units), the paths of its layers:
-    the tracer files events by layer, `by_units` then by unit. None for any other model (its
-    blocks are its stack of identical modules, structure.find_repeated_blocks)."""
-    units = spec.layer_units
-    if units is None:
-        return None
-    n = units.layers if num_layers is None else units.layers_of(num_layers)
-    return layer_paths(model, n)
 
 
 def _emulate_cuda(

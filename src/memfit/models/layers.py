@@ -40,6 +40,7 @@ __all__ = [
     "module_differences",
     "replay_units",
     "shortened_fields",
+    "unit_layer_paths",
 ]
 
 #: Config fields that list layer indices (a layer is in the list or not), from transformers'
@@ -148,6 +149,18 @@ def layer_paths(model: torch.nn.Module, n: int) -> list[str] | None:
                 prefix = name + "." if name else ""
                 best, best_params = [prefix + c for c, _ in mod.named_children()], count
     return best
+
+
+def unit_layer_paths(
+    model: torch.nn.Module, units: LayerUnits | None, count: int | None
+) -> list[str] | None:
+    """For a model replayed by units of layers, built with the first `count` units (None: all),
+    the paths of its layers: the tracer files events by layer, and
+    memfit.estimator.replay.by_units then by unit. None without units (the blocks are then the
+    model's stack of identical modules, memfit.models.structure.find_repeated_blocks)."""
+    if units is None:
+        return None
+    return layer_paths(model, units.layers if count is None else units.layers_of(count))
 
 
 def _layer_signature(layer: torch.nn.Module) -> tuple[Any, ...]:
