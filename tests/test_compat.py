@@ -6,10 +6,10 @@ This file is in the compatibility subset (.ci/compat), so each check runs on eve
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version

@@ -35,8 +35,8 @@ Example:
 from __future__ import annotations
 
 import pickle
-from enum import Enum
 from bisect import bisect_right
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
