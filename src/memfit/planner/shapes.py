@@ -18,6 +18,10 @@ as before and the heavier savers are traced only when they are needed:
 3. `offload_shapes`, when nothing fits still: FSDP2's CPU offload of parameters, gradients and
    optimizer state (also on one GPU), at the cost of PCIe traffic every micro-batch.
 
+Pure precision, unless allowed, is widened (WIDEN_WHEN_NOTHING_FITS) only after all three
+stages found nothing in mixed precision; then the three run again with it
+(`memfit.planner.search._staged_search`).
+
 With a teacher (knowledge distillation, `Goal.teacher`), the distillation's own options are
 searched too (`distillations`): the KL over chunks of the positions ("chunked-kl", with the
 chunked loss), a teacher quantized to NF4 or LLM.int8 (opt-in: its outputs change slightly) and
