@@ -120,3 +120,28 @@ def test_a_curve_that_is_not_monotone_is_explained() -> None:
         text
     )
     assert "note:" not in render_limit(limit([(512, 13_400, True), (1024, 13_476, True)]))
+
+
+def test_when_nothing_fits_it_says_what_holds_the_memory(tmp_path: Path) -> None:
+    # Issue 29: when nothing fit, max-seq did not say that the optimizer step dominates (and a
+    # peak in the optimizer step, equal at every length, was refused as a flat curve).
+    cfg = dict(
+        model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128000,
+        hidden_size=4096, intermediate_size=256, num_hidden_layers=2, num_attention_heads=32,
+        num_key_value_heads=8, max_position_embeddings=4096, bos_token_id=None,
+        eos_token_id=None, pad_token_id=None,
+    )  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    limit = max_seq(str(path), memfit.Workload(precision="bf16-mixed"), gpu=GPU)
+    assert limit.largest is None and limit.smallest_peak is not None
+    value, peak = limit.smallest_peak
+    assert value == 1 and peak.startswith("the optimizer step (optimizer_state ")
+    assert (
+        render_limit(limit)
+        .splitlines()[0]
+        .endswith(
+            "what does not depend on the sequence length does not fit (memfit plan searches the "
+            "techniques that shrink it)"
+        )
+    )

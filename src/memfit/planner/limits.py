@@ -69,6 +69,9 @@ class Limit:
     #: The answer is exact to this many: `largest` fits and `largest + resolution` does not
     #: (1 for micro-batches; coarser for long sequences, see SEQ_RESOLUTION_DIVISOR).
     resolution: int = 1
+    #: When nothing fits: the smallest value tried and what its peak holds (the phase and the
+    #: largest categories), which says whether the searched value could help at all.
+    smallest_peak: tuple[int, str] | None = None
 
 
 def _limit(
@@ -98,6 +101,7 @@ def _limit(
     gpu_obj = get_gpu(gpu)
     cfg = AllocatorConfig.from_string(alloc_conf) if alloc_conf else None
     seen: dict[int, tuple[int, int, bool]] = {}  # value -> (allocated, device total, fits)
+    peaks: dict[int, str] = {}  # the smallest value tried -> what its peak holds
 
     def traced(value: int) -> Any:
         wv = w.with_(gpu=gpu_obj.name, **{what: value})
@@ -116,6 +120,9 @@ def _limit(
             )
             p = est.profile
             seen[value] = (p.peak_allocated_bytes, p.device_total_bytes or 0, bool(est.fits))
+            if not peaks or value < min(peaks):  # what holds the memory at the smallest value
+                peaks.clear()
+                peaks[value] = _peak_summary(p)
             if progress is not None:
                 progress(value, seen[value][1], seen[value][2])
         return seen[value][2]
@@ -139,7 +146,18 @@ def _limit(
         capped=good == upper and not model_limit, seconds=time.perf_counter() - t0,
         new_tokens=w.new_tokens if w.mode == "generate" else 0, workload=w,
         resolution=resolution,
+        smallest_peak=None if good else next(iter(peaks.items()), None),
     )  # fmt: skip
+
+
+def _peak_summary(p: Any) -> str:
+    """The peak's phase and its two largest categories, e.g. "the optimizer step (optimizer_state
+    25.10 GiB, parameters 12.55 GiB)"."""
+    phase = {"optimizer": "the optimizer step", "zero_grad": "zero_grad"}.get(
+        p.peak_phase, f"the {p.peak_phase}"
+    )
+    top = sorted(p.breakdown.items(), key=lambda kv: -kv[1])[:2]
+    return f"{phase} ({', '.join(f'{k} {format_bytes(v)}' for k, v in top if v)})"
 
 
 def _longest(
@@ -191,8 +209,11 @@ def _longest(
 
 def _refuse_flat(model: str, what: str, seen: dict[int, tuple[int, int, bool]]) -> None:
     """A curve on which every value tried takes the same memory answers nothing: the model's
-    inputs do not depend on `what`, so "the largest that fits" would be the search's cap."""
-    if len(seen) < 2 or len({allocated for allocated, _, _ in seen.values()}) > 1:
+    inputs do not depend on `what`, so "the largest that fits" would be the search's cap.
+    Same memory means the same peak allocated and the same device total: a peak in the
+    optimizer step is the same at every sequence length, while the reserved memory the
+    activations leave behind is not (the case where nothing fits because of the optimizer)."""
+    if len(seen) < 2 or len({(a, total) for a, total, _ in seen.values()}) > 1:
         return
     lo, hi = min(seen), max(seen)
     total = format_bytes(seen[lo][1])

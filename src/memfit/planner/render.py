@@ -287,6 +287,12 @@ def render_limit(limit: Limit) -> str:
         if limit.largest
         else f"no {name} of {limit.model} fits {on}"
     )
+    if limit.smallest_peak is not None:
+        value, peak = limit.smallest_peak
+        head += (
+            f"; even at {value} the peak is in {peak}: what does not depend on the "
+            f"{name} does not fit (memfit plan searches the techniques that shrink it)"
+        )
     if limit.what != "prompt_len":
         lines = [head, "", f"  {name:>16}  {'device total':>14}  fits"]
         for v, b, f in limit.curve:
