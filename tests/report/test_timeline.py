@@ -165,3 +165,18 @@ def test_renderers_do_not_import_matplotlib():
         "assert 'matplotlib' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_peak_label_is_not_crossed_by_the_reserved_line():
+    # Issue 29: the HTML timeline's reserved line ran through the peak's label.
+    from memfit.report.timeline_html import _ASCENT, _DESCENT, _LINE, peak_label_y
+
+    def crossed(baseline: float, line_y: float) -> bool:
+        return baseline - _ASCENT <= line_y <= baseline + _LINE + _DESCENT
+
+    peak_y = 200.0
+    assert peak_label_y(peak_y, None) == peak_y - 18
+    assert peak_label_y(peak_y, 100.0) == peak_y - 18  # far above: left where it was
+    for reserved_y in (176.0, 182.0, 190.0, 197.0):  # inside the label's two lines
+        assert crossed(peak_y - 18, reserved_y)
+        assert not crossed(peak_label_y(peak_y, reserved_y), reserved_y)

@@ -42,6 +42,21 @@ def _nice_step(span: float) -> float:
     return next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
 
 
+#: The peak's two-line label: its first baseline sits this far above the peak, the second
+#: line 13 px lower; glyphs reach about 11 px above a baseline and 3 px below.
+_LABEL_ABOVE, _LINE, _ASCENT, _DESCENT = 18, 13, 11, 3
+
+
+def peak_label_y(peak_y: float, reserved_y: float | None) -> float:
+    """The first baseline of the peak's label: above the peak, moved above the reserved line
+    (or below it, when there is no room above) when the line would cross its text."""
+    top = peak_y - _LABEL_ABOVE
+    if reserved_y is None or not top - _ASCENT <= reserved_y <= top + _LINE + _DESCENT:
+        return top
+    above = reserved_y - _DESCENT - 2 - _LINE
+    return above if above - _ASCENT >= _T else reserved_y + _ASCENT + 2
+
+
 def _svg(profile: MemoryProfile, ct: CategoryTimeline, max_points: int) -> str:
     e = html.escape
     n = max(len(ct.total), 1)
@@ -97,6 +112,7 @@ def _svg(profile: MemoryProfile, ct: CategoryTimeline, max_points: int) -> str:
     for i in range(0, n + 1, xstep):
         out.append(text(x(i), _T + ph + 14, str(i)))
     out.append(text(_L + pw / 2, _H - 4, "event index (each allocation or free, in order)"))
+    ry = None
     if profile.peak_reserved_bytes is not None:
         label = e(f"reserved (simulated) {format_bytes(profile.peak_reserved_bytes)}")
         ry = float(y(profile.peak_reserved_bytes))
@@ -109,7 +125,7 @@ def _svg(profile: MemoryProfile, ct: CategoryTimeline, max_points: int) -> str:
         first, second = (e(t) for t in _peak_text(profile).split("\n"))
         out.append(f'<circle cx="{px}" cy="{py:.1f}" r="4" fill="#000"/>')
         body = f'<tspan font-weight="bold">{first}</tspan><tspan x="{tx}" dy="13">{second}</tspan>'
-        out.append(text(tx, f"{py - 18:.1f}", body, "end" if right else "start"))
+        out.append(text(tx, f"{peak_label_y(py, ry):.1f}", body, "end" if right else "start"))
     out.append("</svg>")
     return "\n".join(out)
 
