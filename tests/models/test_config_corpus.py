@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import memfit
+from memfit._compat import torch_at_least
 from memfit.errors import BadInputError
 from memfit.models.sources import resolve_model
 
@@ -79,12 +80,26 @@ REFUSED = {
 }
 
 
+#: Models whose experts run through transformers' grouped_mm (integrations/moe.py). On torch
+#: 2.8 transformers has no CPU grouped_mm and takes its fallback custom op on memfit's fake CPU
+#: tensors; its backward reads the token counts per expert (offs.tolist()), which a fake tensor
+#: has not: training them is refused on that torch (docs/compat.md, known limits).
+GROUPED_EXPERTS = frozenset({"qwen2_moe"})
+
+
+def _refusal(model_type: str) -> tuple[str, str] | None:
+    if model_type in GROUPED_EXPERTS and not torch_at_least("2.9"):
+        return ("TraceError", "DataDependentOutputException")
+    return REFUSED.get(model_type)
+
+
 def _check(model_type: str) -> None:
     if model_type not in corpus.model_types():
         pytest.skip(f"this transformers has no model type {model_type!r}")
     row = corpus.run_one(model_type, seq_len=SEQ_LEN.get(model_type, corpus.SEQ_LEN))
-    if model_type in REFUSED:
-        error, words = REFUSED[model_type]
+    refusal = _refusal(model_type)
+    if refusal is not None:
+        error, words = refusal
         assert (row.status, row.error) == ("refused", error), row
         assert words in row.reason, row
         return
