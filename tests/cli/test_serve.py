@@ -66,14 +66,10 @@ def test_a_context_that_does_not_fit_exits_1(tmp_path: Path) -> None:
 
 def test_weights_beyond_the_engine_memory_say_so(tmp_path: Path) -> None:
     # Issue: with weights larger than the card, serve said "Use --context-len 0 or less".
-    big = dict(
-        model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128000,
-        hidden_size=4096, intermediate_size=256, num_hidden_layers=2, num_attention_heads=32,
-        num_key_value_heads=32, max_position_embeddings=4096, bos_token_id=None,
-        eos_token_id=None, pad_token_id=None,
+    path = tiny_llama_config(
+        tmp_path, vocab_size=128000, hidden_size=4096, intermediate_size=256,
+        num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
     )  # fmt: skip
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(big))
     args = ["serve", str(path), "--gpu", "rtx-2060", "--gpu-memory-utilization", "0.2"]
     res = runner.invoke(app, args)
     assert res.exit_code == 1, res.output

@@ -18,6 +18,7 @@ from memfit.planner.limits import (
     max_seq,
 )
 from memfit.planner.render import limit_to_json, render_limit
+from tests.conftest import tiny_llama_config
 
 #: A small GPU (5.78 GiB), so that a tiny model's KV cache reaches it.
 GPU = "rtx-2060"
@@ -125,14 +126,10 @@ def test_a_curve_that_is_not_monotone_is_explained() -> None:
 def test_when_nothing_fits_it_says_what_holds_the_memory(tmp_path: Path) -> None:
     # Issue 29: when nothing fit, max-seq did not say that the optimizer step dominates (and a
     # peak in the optimizer step, equal at every length, was refused as a flat curve).
-    cfg = dict(
-        model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128000,
-        hidden_size=4096, intermediate_size=256, num_hidden_layers=2, num_attention_heads=32,
-        num_key_value_heads=8, max_position_embeddings=4096, bos_token_id=None,
-        eos_token_id=None, pad_token_id=None,
+    path = tiny_llama_config(
+        tmp_path, vocab_size=128000, hidden_size=4096, intermediate_size=256,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096,
     )  # fmt: skip
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(cfg))
     limit = max_seq(str(path), memfit.Workload(precision="bf16-mixed"), gpu=GPU)
     assert limit.largest is None and limit.smallest_peak is not None
     value, peak = limit.smallest_peak
