@@ -197,12 +197,16 @@ def test_nothing_fits_without_pure_precision_widens_the_search_and_says_so():
     from memfit.planner.render import plan_to_json, render_plan
 
     goal = Goal(global_batch=2, seq_len=128)
-    p = plan("gpt2", gpu="a100-80gb@2000MiB", goal=goal)
+    # FSDP2's CPU offload makes bf16-mixed fit, and every mixed-precision stage comes before
+    # pure precision is widened (issue 29: a fitting bf16-mixed plan was passed over).
+    kept = plan("gpt2", gpu="a100-80gb@2000MiB", goal=goal)
+    assert kept.widened == () and kept.best is not None
+    assert kept.best.workload.precision == "bf16-mixed" and kept.best.workload.fsdp_cpu_offload
+    p = plan("gpt2", gpu="a100-80gb@2000MiB", goal=goal, forbid=("fsdp-offload",))
     assert p.widened == ("pure-precision",)
     assert p.best is not None and p.best.workload.precision == "bf16-true"
     assert "nothing fits without pure-precision" in render_plan(p)
     assert plan_to_json(p)["widened"] == ["pure-precision"]
-    # (FSDP2's CPU offload makes bf16-mixed fit: forbidden too, so that nothing does.)
     refused = plan(
         "gpt2", gpu="a100-80gb@2000MiB", goal=goal, forbid=("pure-precision", "fsdp-offload")
     )
