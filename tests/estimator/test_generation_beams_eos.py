@@ -16,12 +16,11 @@ import pytest
 import torch
 
 import memfit
-from memfit.cuda.allocator_config import cuda_block_size
-from memfit.estimator.generation import CALL_END_OP, trace_generation_once
+from memfit.estimator.generation import trace_generation_once
 from memfit.models.sources import resolve_model
 from memfit.profile import MemoryProfile
 from tests.conftest import tiny_gpt2
-from tests.estimator.test_generation_real import tiny_llama
+from tests.estimator.test_generation_real import assert_generation_matches, tiny_llama
 
 P, N, K = 8, 6, 2
 
@@ -72,23 +71,7 @@ def test_beam_search_with_eos_equals_real_generate(name: str, batch: int) -> Non
     assert traced.calls == N
     est = MemoryProfile.from_events(traced.trace.records, traced.trace.events)
     real = _measured(model, batch)
-    # As test_generation_real: the prompt ids, made before the measured block, are temporaries
-    # to the measurement and inputs to the estimate; nothing else differs.
-    prompt_ids = cuda_block_size(batch * P * 8)
-    expected = dict(
-        real.breakdown,
-        inputs=real.breakdown["inputs"] + prompt_ids,
-        temporaries=real.breakdown["temporaries"] - prompt_ids,
-    )
-    assert est.breakdown == expected
-    assert est.peak_allocated_bytes == real.peak_allocated_bytes
-    assert est.peak_op == real.peak_op and est.peak_module == real.peak_module
-    est_timeline = [
-        b for b, ev in zip(est.timeline, est.events, strict=True) if ev.op != CALL_END_OP
-    ]
-    seen = next(i for i, ev in enumerate(real.events) if ev.phase == "forward")
-    assert len(est_timeline) == len(real.timeline)
-    assert est_timeline[seen:] == real.timeline[seen:]
+    assert_generation_matches(est, real, batch, P)
 
 
 #: (catalog name, precision, layers, KV heads, head_dim, bytes per element), from the catalog's

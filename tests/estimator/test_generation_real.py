@@ -78,7 +78,17 @@ def test_estimate_equals_real_generate(name: str, beams: int, cache: str) -> Non
     traced = trace_generation_once(resolve_model(model), w, None, num_layers=None, new_tokens=N)
     est = MemoryProfile.from_events(traced.trace.records, traced.trace.events)
     real = _measured(model, beams, cache)
-    prompt_ids = cuda_block_size(B * P * 8)  # int64 ids made before the measured block
+    assert_generation_matches(est, real, B, P)
+    assert est.peak_index == real.peak_index
+
+
+def assert_generation_matches(
+    est: MemoryProfile, real: MemoryProfile, batch: int, prompt: int
+) -> None:
+    """An estimated generation equals the measured one: breakdown, peak, its op and module,
+    and the timeline event for event. The prompt ids, made before the measured block, are
+    temporaries to the measurement and inputs to the estimate; nothing else differs."""
+    prompt_ids = cuda_block_size(batch * prompt * 8)  # int64 ids
     expected = dict(
         real.breakdown,
         inputs=real.breakdown["inputs"] + prompt_ids,
@@ -86,7 +96,6 @@ def test_estimate_equals_real_generate(name: str, beams: int, cache: str) -> Non
     )
     assert est.breakdown == expected
     assert est.peak_allocated_bytes == real.peak_allocated_bytes
-    assert est.peak_index == real.peak_index
     assert est.peak_op == real.peak_op and est.peak_module == real.peak_module
     # The timelines agree event for event (the estimate's markers at each model call's end
     # hold no bytes) from the first model call, when the measurement has seen the prompt ids.
