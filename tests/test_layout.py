@@ -14,8 +14,9 @@ SRC = Path(memfit.__file__).parent
 FLOORS: tuple[tuple[str, ...], ...] = (
     # _compat: the version-dependent behaviour of torch and transformers (STYLE.md), which
     # every floor may need; it imports no memfit module.
-    ("memfit.errors", "memfit.units", "memfit.events", "memfit._compat"),
-    ("memfit.cuda",),
+    ("memfit.errors", "memfit.units", "memfit.events", "memfit._compat", "memfit.precision"),
+    # optimizers: the optimizer table (memfit.optimizers.table), read by every floor above.
+    ("memfit.cuda", "memfit.optimizers"),
     ("memfit.workload", "memfit.profile"),
     ("memfit.models",),
     ("memfit.techniques",),
@@ -126,4 +127,7 @@ def test_files_stay_small() -> None:
 
 def test_top_level_holds_only_the_shared_vocabulary() -> None:
     top = {p.name for p in SRC.glob("*.py")}
-    assert top == {"__init__.py", "errors.py", "units.py", "events.py", "profile.py", "_compat.py"}
+    assert top == {
+        "__init__.py", "errors.py", "units.py", "events.py", "profile.py", "_compat.py",
+        "precision.py",
+    }  # fmt: skip

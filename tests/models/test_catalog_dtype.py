@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import memfit
-from memfit.estimator.auto_precision import PRECISION_OF_DTYPE, resolve_precision
+from memfit.estimator.auto_precision import resolve_precision
 from memfit.models.catalog import build_model, get_model, list_models
 from memfit.models.sources import resolve_model
+from memfit.precision import PRECISIONS, precision_of
 
 GEN = memfit.Workload(mode="generate", precision="auto", prompt_len=8, new_tokens=2)
 
@@ -47,7 +48,10 @@ def test_every_recorded_dtype_maps_to_a_precision() -> None:
     """A dtype "auto" could not run (a typo, float8) would make it refuse the model."""
     for entry in list_models():
         dtype = entry.config.get("torch_dtype")
-        assert dtype is None or dtype in PRECISION_OF_DTYPE, (entry.name, dtype)
+        assert dtype is None or dtype in {precision_of(p).dtype_name for p in PRECISIONS}, (
+            entry.name,
+            dtype,
+        )
         assert "dtype" not in entry.config, entry.name  # the catalog uses the older name only
 
 

@@ -34,3 +34,50 @@ def test_the_printed_workload_is_the_planned_one(fields):
     line = re.search(r"^workload = (memfit\.Workload\(.*\))$", code, re.M)
     assert line is not None, code
     assert eval(line.group(1), {"memfit": memfit}) == w
+
+
+def _searched_workloads(goal, n_gpus: int) -> list[memfit.Workload]:
+    """Every workload the search can evaluate for `goal`: each shape of every stage, with
+    every technique allowed, at the smallest and largest micro-batch, in each placement."""
+    from memfit.cuda.target import get_gpu
+    from memfit.errors import BadInputError
+    from memfit.models.sources import resolve_model
+    from memfit.planner import shapes as S
+    from memfit.planner.search import _Search
+
+    spec = resolve_model("gpt2")
+    gpu = get_gpu("a100-80gb")
+    allowed = S.allowed_techniques(tuple(S.TECHNIQUES), ())
+    search = _Search(spec, goal, gpu, n_gpus)
+    stages = S.shapes(goal, allowed, gpu, spec) + S.lean_shapes(goal, allowed, gpu, spec)
+    stages += S.offload_shapes(goal, allowed, gpu, spec)
+    stages += S.with_ddp(stages, allowed, n_gpus)
+    out = []
+    for shape in dict.fromkeys(stages):
+        for mb in (1, search.per_gpu):
+            for offload, emb in S.placements(allowed):
+                try:
+                    out.append(search.workload(shape, mb, offload, emb))
+                except BadInputError:  # a combination Workload refuses is never evaluated
+                    continue
+    return out
+
+
+@pytest.mark.parametrize(
+    ("goal", "n_gpus"),
+    [
+        (dict(global_batch=8, seq_len=128), 1),
+        (dict(global_batch=8, seq_len=128, teacher="gpt2-medium"), 1),
+        (dict(global_batch=8, seq_len=128, fsdp_mixed="accelerate"), 2),
+    ],
+)
+def test_every_searched_shape_round_trips_through_its_code(goal, n_gpus):
+    from memfit.planner.results import Goal
+
+    workloads = _searched_workloads(Goal(**goal), n_gpus)
+    assert len(workloads) > 20
+    for w in workloads:
+        code = apply_code(SimpleNamespace(workload=w), "gpt2", "a100-80gb")  # type: ignore[arg-type]
+        line = re.search(r"^workload = (memfit\.Workload\(.*\))$", code, re.M)
+        assert line is not None, code
+        assert eval(line.group(1), {"memfit": memfit}) == w, code

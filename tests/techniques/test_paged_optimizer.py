@@ -52,7 +52,7 @@ def test_paged_adamw_8bit_layout() -> None:
     paged, device = _state("paged-adamw-8bit")
     assert paged == 2 * BIG  # uint8 state1, state2
     blocks = -(-BIG // 256)  # 469 absmax entries per state
-    qmap = 256 * 4
+    qmap = 2 * 256 * 4  # the shared "dynamic" and "udynamic" maps (bitsandbytes fill_qmap)
     assert device == 2 * blocks * 4 + qmap + 2 * (SMALL + BIAS) * 4
     # Not paged: the same layout all on the device.
     assert _state("adamw-8bit") == (0, device + 2 * BIG)

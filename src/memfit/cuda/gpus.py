@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memfit.precision import PRECISIONS, precision_of
 from memfit.units import GIB
 
 __all__ = ["GPU"]
@@ -75,6 +76,16 @@ BF16_MIN_CC = (8, 0)
 ROCM_ARCHITECTURES = frozenset({"cdna3"})
 
 
+#: A run "fits" when its device memory stays this fraction below the GPU's capacity. It covers
+#: the estimator's error targets (reserved memory within 3 % median, 8 % worst) for most jobs.
+FIT_MARGIN_FRACTION = 0.05
+
+
+def fit_limit(capacity_bytes: int) -> int:
+    """The most device memory a run that fits may use on a GPU of `capacity_bytes`."""
+    return int(capacity_bytes * (1 - FIT_MARGIN_FRACTION))
+
+
 @dataclass(frozen=True, kw_only=True)
 class GPU:
     """One GPU model, as PyTorch on Linux sees it. All rates are peaks, not sustained."""
@@ -105,6 +116,12 @@ class GPU:
         return self.total_memory_bytes / GIB
 
     @property
+    def fit_limit(self) -> int:
+        """The most device memory a run that fits may use (`FIT_MARGIN_FRACTION` below the
+        capacity)."""
+        return fit_limit(self.total_memory_bytes)
+
+    @property
     def rocm(self) -> bool:
         """An AMD card, run by PyTorch's ROCm build behind the torch.cuda API."""
         return self.architecture in ROCM_ARCHITECTURES
@@ -130,7 +147,7 @@ def card_notes(gpu: GPU, precision: str, quantize: str | None) -> list[str]:
     """
     notes: list[str] = []
     cc = f"sm{gpu.compute_capability[0]}{gpu.compute_capability[1]}"
-    if precision.startswith("bf16") and not gpu.bf16:
+    if precision in PRECISIONS and precision_of(precision).bf16 and not gpu.bf16:
         notes.append(
             f"{gpu.display_name} ({cc}) has no native bfloat16: PyTorch runs {precision} there "
             "by emulation (the same bytes, matmuls at the fp32 rate), and the HF Trainer "

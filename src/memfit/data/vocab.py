@@ -15,17 +15,21 @@ from fractions import Fraction
 from typing import Any
 
 from memfit.errors import BadInputError
+from memfit.optimizers import NO_OPTIMIZER, OPTIMIZERS, spec_of
 from memfit.workload import Workload
 
 #: The shares of the data's tokens `coverage` reports by default.
 COVERAGES = (0.95, 0.99, 0.999)
 
-#: Optimizer state per parameter element, in multiples of the parameter's own bytes: torch's
-#: SGD momentum buffer and Lion's exp_avg are one `zeros_like(p)`, Adam(W)'s exp_avg and
-#: exp_avg_sq two (their step counters are per tensor, not per row).
-STATE_PER_ELEMENT = {
-    "none": 0, "sgd": 0, "sgd-momentum": 1, "adam": 2, "adamw": 2, "adamw-fused": 2, "lion": 1,
-}  # fmt: skip
+
+def _state_per_element(optimizer: str) -> int | None:
+    """Optimizer state per parameter element, in multiples of the parameter's own bytes, when it
+    splits by rows (OptimizerSpec.row_copies: SGD's momentum and Lion's exp_avg are one
+    `zeros_like(p)`, Adam(W)'s moments two; their step counters are per tensor, not per row);
+    None for blockwise or factored state."""
+    return 0 if optimizer == NO_OPTIMIZER else spec_of(optimizer).row_copies
+
+
 #: Bytes of a 16-bit weight or logit (fp16, bf16), and of an fp32 one.
 BYTES_16, BYTES_32 = 2, 4
 
@@ -154,9 +158,10 @@ def _embeddings(model: Any) -> tuple[Any, Any]:
 
 
 def _check_priced(w: Workload) -> None:
-    if w.optimizer not in STATE_PER_ELEMENT:
+    if _state_per_element(w.optimizer) is None:
+        priced = [n for n in OPTIMIZERS if _state_per_element(n) is not None]
         raise BadInputError(
-            f"Vocabulary savings are priced for the optimizers {', '.join(STATE_PER_ELEMENT)}; "
+            f"Vocabulary savings are priced for the optimizers {', '.join(priced)}; "
             f"optimizer={w.optimizer!r} keeps state whose rows memfit does not split (8-bit "
             "blocks, Adafactor's factored rows). Price with optimizer='adamw' for an upper "
             "bound, or estimate both vocabularies."
@@ -180,7 +185,7 @@ def vocab_savings(
 
     The model is built on the meta device (no memory). Known limits: frozen prefixes
     (`freeze`) are not read (the embedding is priced as trainable unless LoRA or inference);
-    optimizers outside STATE_PER_ELEMENT, several GPUs and quantization are refused.
+    optimizers whose state does not split by rows, several GPUs and quantization are refused.
 
     Example:
         >>> vocab_savings("gpt2", 20000, memfit.Workload(batch_size=8), seq_len=1024).persistent
@@ -207,11 +212,11 @@ def vocab_savings(
     elements = (0 if workload.embedding_on_cpu and not tied else removed * hidden) + (
         removed * hidden if head is not None and not tied else 0
     ) + (removed if head_bias else 0)  # fmt: skip
-    true16 = workload.precision.endswith("-true")
+    true16 = workload.recipe.pure
     pb = BYTES_16 if true16 else BYTES_32
     trains = workload.mode == "train" and workload.lora is None
-    state = 0 if workload.offload_optimizer else STATE_PER_ELEMENT[workload.optimizer]
-    mixed = workload.precision.endswith("-mixed")
+    state = 0 if workload.offload_optimizer else _state_per_element(workload.optimizer) or 0
+    mixed = workload.recipe.mixed
     return VocabSavings(
         vocab_size=vocab, kept=kept, hidden=hidden, tied=tied, head_bias=head_bias,
         parameters=elements * pb, gradients=elements * pb if trains else 0,

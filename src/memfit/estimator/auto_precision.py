@@ -29,10 +29,10 @@ import torch
 
 from memfit.errors import BadInputError
 from memfit.models.sources import ModelSpec
+from memfit.precision import pure_precision_of_dtype
 from memfit.workload import AUTO_PRECISION, PRECISIONS, Workload
 
 #: The precision that runs a model loaded in each dtype (by transformers' dtype names).
-PRECISION_OF_DTYPE = {"bfloat16": "bf16-true", "float16": "fp16-true", "float32": "fp32"}
 
 
 def checkpoint_dtype(spec: ModelSpec, attention: str = "sdpa") -> tuple[str | None, str]:
@@ -66,7 +66,10 @@ def resolve_precision(spec: ModelSpec, w: Workload) -> tuple[ModelSpec, Workload
     if w.precision != AUTO_PRECISION:
         return spec, w
     dtype, where = checkpoint_dtype(spec, w.attention)
-    precision = PRECISION_OF_DTYPE.get(dtype or "float32")
+    try:
+        precision = pure_precision_of_dtype(dtype or "float32").name
+    except BadInputError:
+        precision = None
     if precision is None:
         raise BadInputError(
             f"precision='auto': {spec.name!r} is stored in {dtype} ({where}), which no memfit "

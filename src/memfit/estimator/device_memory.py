@@ -18,6 +18,7 @@ from typing import Any
 
 from memfit.cuda.allocator_config import AllocatorConfig, cuda_block_size
 from memfit.cuda.allocator_replay import AllocatorResult, simulate_shared
+from memfit.cuda.gpus import fit_limit
 from memfit.cuda.overhead import cublas_workspace_bytes, device_overhead
 from memfit.cuda.target import DEFAULT_GPU, get_gpu
 from memfit.estimator.ddp import BUCKET_OP
@@ -27,10 +28,6 @@ from memfit.events import ALLOC, FREE, Category, Event, StorageRecord
 from memfit.profile import MemoryProfile
 from memfit.techniques.optimizer import paged_state_note
 from memfit.units import format_bytes
-
-#: `fits` requires device memory to stay this fraction below the GPU's capacity. It covers the
-#: estimator's error targets (reserved memory within 3 % median, 8 % worst) for most jobs.
-FIT_MARGIN_FRACTION = 0.05
 
 #: The GPU assumed for context/workspace sizes and the attention kernel when none is named.
 
@@ -237,7 +234,7 @@ def attach_device_memory(
             op=oom_ev.op, module=oom_ev.module or "<top>", total_capacity_bytes=capacity
         )
     if est.gpu is not None:
-        limit = int(capacity * (1 - FIT_MARGIN_FRACTION))
+        limit = fit_limit(capacity)
         est.fits = failed is None and allocator_capacity > 0 and profile.device_total_bytes <= limit
     else:
         est.notes.append(

@@ -21,7 +21,7 @@ from memfit.errors import BadInputError
 from memfit.estimator.attention import attention_class
 from memfit.estimator.auto_precision import resolve_precision
 from memfit.estimator.ddp import with_ddp_buckets
-from memfit.estimator.device_memory import FIT_MARGIN_FRACTION, attach_device_memory
+from memfit.estimator.device_memory import attach_device_memory
 from memfit.estimator.generation import (
     generation_figures,
     prompt_len,
@@ -419,7 +419,7 @@ def estimate_from_trace(
     if w.mode == "generate":
         headroom = None
         if gpu is not None:
-            limit = int(gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION))
+            limit = gpu.fit_limit
             headroom = limit - (est.profile.device_total_bytes or 0)
         est.generation = generation_figures(w, tr, n_blocks, est.profile, headroom)
     if w.offload_activations:

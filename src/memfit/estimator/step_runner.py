@@ -297,7 +297,7 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
         if distill is not None:
             distill.register(tracker)
         scale = None
-        if w.training and w.precision == "fp16-mixed":
+        if w.training and w.recipe.scaler:
             # GradScaler keeps its scale on the device (torch/amp/grad_scaler.py _lazy_init_*).
             scale = torch.full((), 65536.0, dtype=torch.float32)
             tracker.mark(scale, Category.OPTIMIZER_STATE)

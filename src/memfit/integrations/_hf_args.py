@@ -30,75 +30,64 @@ from memfit.integrations._reading import (
 )
 from memfit.integrations._session import RunReading
 from memfit.models.structure import find_repeated_blocks
+from memfit.optimizers import (
+    DEFAULT_OPTIMIZER,
+    NO_OPTIMIZER,
+    SPECS,
+    hf_optim_of,
+    spec_of,
+    spec_of_hf_optim,
+)
 from memfit.workload import Workload
 
 _BNB_OTHER = "bitsandbytes' {} has no memfit layout"
 
-#: `optim` name -> (memfit optimizer, or None when not modelled; what transformers builds / why).
-OPTIM_LAYOUTS: dict[str, tuple[str | None, str]] = {
-    "adamw_torch": ("adamw", "torch.optim.AdamW (foreach on CUDA)"),
-    "adamw_torch_fused": ("adamw-fused", "torch.optim.AdamW(fused=True)"),
-    "adamw_torch_xla": (None, "torch_xla's syncfree AdamW: XLA devices are not modelled"),
-    "adamw_torch_npu_fused": (None, "torch_npu's NpuFusedAdamW: NPUs are not modelled"),
-    "adafactor": (
-        "adafactor",
-        "transformers.optimization.Adafactor: factored second moments of the same sizes as "
-        "torch.optim.Adafactor's, which memfit lays out (its update temporaries are torch's)",
-    ),
-    "adamw_anyprecision": (None, "torchdistx's AnyPrecisionAdamW (state dtypes vary)"),
-    "adamw_torch_4bit": (None, "torchao's 4-bit AdamW"),
-    "adamw_torch_8bit": (
-        None,
-        "torchao's 8-bit AdamW (its block layout differs from bitsandbytes')",
-    ),
-    "ademamix": (None, _BNB_OTHER.format("AdEMAMix (three states)")),
-    "sgd": ("sgd", "torch.optim.SGD; with optim_args momentum > 0: 'sgd-momentum'"),
-    "adagrad": (None, "torch.optim.Adagrad"),
-    "adamw_bnb_8bit": ("adamw-8bit", "bitsandbytes AdamW(optim_bits=8)"),
-    "adamw_8bit": ("adamw-8bit", "bitsandbytes AdamW(optim_bits=8), as adamw_bnb_8bit"),
-    "ademamix_8bit": (None, _BNB_OTHER.format("8-bit AdEMAMix")),
-    "lion_8bit": (None, _BNB_OTHER.format("8-bit Lion")),
-    "lion_32bit": ("lion", "bitsandbytes Lion(optim_bits=32): one fp32 momentum"),
-    "paged_adamw_32bit": ("paged-adamw", "bitsandbytes AdamW(is_paged=True)"),
-    "paged_adamw_8bit": ("paged-adamw-8bit", "bitsandbytes AdamW(optim_bits=8, is_paged=True)"),
-    "paged_ademamix_32bit": (None, _BNB_OTHER.format("paged AdEMAMix")),
-    "paged_ademamix_8bit": (None, _BNB_OTHER.format("paged 8-bit AdEMAMix")),
-    "paged_lion_32bit": (None, _BNB_OTHER.format("paged Lion")),
-    "paged_lion_8bit": (None, _BNB_OTHER.format("paged 8-bit Lion")),
-    "rmsprop": (None, "torch.optim.RMSprop"),
-    "rmsprop_bnb": (None, _BNB_OTHER.format("RMSprop")),
-    "rmsprop_bnb_8bit": (None, _BNB_OTHER.format("8-bit RMSprop")),
-    "rmsprop_bnb_32bit": (None, _BNB_OTHER.format("32-bit RMSprop")),
-    "galore_adamw": (None, "GaLore's low-rank projected AdamW"),
-    "galore_adamw_8bit": (None, "GaLore's low-rank projected 8-bit AdamW"),
-    "galore_adafactor": (None, "GaLore's low-rank projected Adafactor"),
-    "galore_adamw_layerwise": (None, "GaLore, layer-wise (steps in backward)"),
-    "galore_adamw_8bit_layerwise": (None, "GaLore 8-bit, layer-wise (steps in backward)"),
-    "galore_adafactor_layerwise": (None, "GaLore Adafactor, layer-wise (steps in backward)"),
-    "lomo": (None, "LOMO (fused update in backward, its own loop)"),
-    "adalomo": (None, "AdaLomo (fused update in backward, its own loop)"),
-    "grokadamw": (None, "grokadamw's GrokAdamW"),
-    "schedule_free_radam": (None, "schedulefree's RAdam"),
-    "schedule_free_adamw": (None, "schedulefree's AdamW (an extra state z)"),
-    "schedule_free_sgd": (None, "schedulefree's SGD"),
-    "apollo_adamw": (None, "APOLLO's low-rank AdamW"),
-    "apollo_adamw_layerwise": (None, "APOLLO, layer-wise"),
-    "stable_adamw": (None, "StableAdamW"),
+#: `optim` names memfit does not model, with the reason.
+_NOT_MODELLED: dict[str, str] = {
+    "adamw_torch_xla": "torch_xla's syncfree AdamW: XLA devices are not modelled",
+    "adamw_torch_npu_fused": "torch_npu's NpuFusedAdamW: NPUs are not modelled",
+    "adamw_anyprecision": "torchdistx's AnyPrecisionAdamW (state dtypes vary)",
+    "rmsprop_bnb": _BNB_OTHER.format("RMSprop"),
+    "rmsprop_bnb_8bit": _BNB_OTHER.format("8-bit RMSprop"),
+    "rmsprop_bnb_32bit": _BNB_OTHER.format("32-bit RMSprop"),
+    "galore_adamw": "GaLore's low-rank projected AdamW (its projection matrices' ranks and "
+    "update intervals are per-layer settings memfit does not read)",
+    "galore_adamw_8bit": "GaLore's low-rank projected 8-bit AdamW",
+    "galore_adafactor": "GaLore's low-rank projected Adafactor",
+    "galore_adamw_layerwise": "GaLore, layer-wise (steps in backward)",
+    "galore_adamw_8bit_layerwise": "GaLore 8-bit, layer-wise (steps in backward)",
+    "galore_adafactor_layerwise": "GaLore Adafactor, layer-wise (steps in backward)",
+    "lomo": "LOMO (fused update in backward, its own loop)",
+    "adalomo": "AdaLomo (fused update in backward, its own loop)",
+    "grokadamw": "grokadamw's GrokAdamW",
+    "schedule_free_radam": "schedulefree's RAdam",
+    "schedule_free_sgd": "schedulefree's SGD",
+    "apollo_adamw": "APOLLO's low-rank AdamW",
+    "apollo_adamw_layerwise": "APOLLO, layer-wise",
+    "stable_adamw": "StableAdamW",
 }
 
-#: memfit optimizer -> the `optim` name (and `optim_args`) that builds it.
-_OPTIM_OF = {
-    "adamw": ("adamw_torch", None),
-    "adam": ("adamw_torch", None),  # weight_decay=0.0 (the default) is Adam: the same state
-    "adamw-fused": ("adamw_torch_fused", None),
-    "sgd": ("sgd", None),
-    "sgd-momentum": ("sgd", "momentum=0.9"),
-    "adafactor": ("adafactor", None),
-    "adamw-8bit": ("adamw_bnb_8bit", None),
-    "paged-adamw": ("paged_adamw_32bit", None),
-    "paged-adamw-8bit": ("paged_adamw_8bit", None),
-    "lion": ("lion_32bit", None),
-}
+
+def _optim_layouts() -> dict[str, tuple[str | None, str]]:
+    """`optim` name -> (memfit optimizer, or None; what transformers builds / why not): the
+    optimizer table's `hf_optim` names, then the ones memfit does not model."""
+    out: dict[str, tuple[str | None, str]] = {}
+    for spec in SPECS.values():
+        for optim in spec.hf_optim:
+            built = spec_of_hf_optim(optim)
+            if built is None or optim in out:
+                continue
+            others = [
+                f"with optim_args {s.hf_optim_args}: {s.name!r}"
+                for s in SPECS.values()
+                if optim in s.hf_optim and s.hf_optim_args is not None
+            ]
+            out[optim] = (built.name, "; ".join([built.title, *others]))
+    return {**out, **{k: (None, why) for k, why in _NOT_MODELLED.items()}}
+
+
+#: `optim` name -> (memfit optimizer, or None when not modelled; what transformers builds / why).
+OPTIM_LAYOUTS: dict[str, tuple[str | None, str]] = _optim_layouts()
 
 
 def _checkpointing_field(args: Any) -> str:
@@ -111,7 +100,7 @@ def _checkpointing_field(args: Any) -> str:
 
 
 def _optim_value(args: Any) -> str:
-    optim = getattr(args, "optim", "adamw_torch")
+    optim = getattr(args, "optim", hf_optim_of(DEFAULT_OPTIMIZER)[0])
     return str(getattr(optim, "value", optim))
 
 
@@ -192,7 +181,8 @@ def read_run(args: Any, model: torch.nn.Module, optimizer: Any, batch: Any,
         notes.append("torch_compile=True: memfit estimates the eager step (compiled kernels "
                      "fuse temporaries; the estimate is an upper bound for them).")  # fmt: skip
     name = optimizer_layout(optimizer)
-    if name != "adamw" and _optim_value(args) == "adamw_torch" and optimizer is not None:
+    default_optim = hf_optim_of(DEFAULT_OPTIMIZER)[0]
+    if name != DEFAULT_OPTIMIZER and _optim_value(args) == default_optim and optimizer is not None:
         notes.append(f"optimizer read from the Trainer's instance: {name}")
     if fsdp.pop("checkpointing", None):  # FSDP's own activation checkpointing: every block
         if checkpointing == "blocks":
@@ -229,18 +219,17 @@ def argument_changes(w: Workload, args: Any) -> tuple[dict[str, Any], list[str],
 
     put("per_device_train_batch_size", w.batch_size)
     put("gradient_accumulation_steps", w.grad_accum)
-    mixed = {"fp32": (False, False), "bf16-mixed": (True, False), "fp16-mixed": (False, True)}
-    if w.precision in mixed:
-        bf16, fp16 = mixed[w.precision]
-        put("bf16", bf16)
-        put("fp16", fp16)
+    recipe = w.recipe
+    if not recipe.pure:  # fp32 or autocast: TrainingArguments' bf16 / fp16 flags say which
+        put("bf16", recipe.mixed and recipe.bf16)
+        put("fp16", recipe.mixed and recipe.fp16)
     else:
         other.append(
             f"load the model in {w.compute_dtype_name} (precision {w.precision}: weights, "
             "gradients and optimizer state in 16 bits), with bf16=False and fp16=False"
         )
-    if w.optimizer in _OPTIM_OF:
-        optim, optim_args = _OPTIM_OF[w.optimizer]
+    if w.optimizer != NO_OPTIMIZER and spec_of(w.optimizer).hf_optim:
+        optim, optim_args = hf_optim_of(w.optimizer)
         if _optim_value(args) != optim:
             changes["optim"] = optim
         if optim_args is not None:
@@ -298,7 +287,7 @@ def training_arguments_for(plan: Any, args: Any) -> Any:
             "training_arguments_for needs a memfit Plan with a recommendation (or a Workload), "
             f"got {type(plan).__name__}{why}."
         )
-    if w.optimizer not in _OPTIM_OF:
+    if w.optimizer == NO_OPTIMIZER or not spec_of(w.optimizer).hf_optim:
         raise BadInputError(f"optimizer {w.optimizer!r} has no TrainingArguments optim name.")
     changes, _notes, other = argument_changes(w, args)
     if other:

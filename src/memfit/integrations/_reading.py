@@ -41,6 +41,7 @@ from memfit.errors import BadInputError
 from memfit.models.loaded import dtype_counts, mark_as_loaded
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.models.structure import find_repeated_blocks
+from memfit.optimizers import name_of_instance
 from memfit.techniques.quantize_read import bnb_kind, quantized_stand_ins
 
 __all__ = [
@@ -372,46 +373,9 @@ def _dtypes_note(model: torch.nn.Module) -> list[str]:
 
 
 def optimizer_layout(optimizer: Any) -> str:
-    """memfit's optimizer name (workload.OPTIMIZERS) for a real optimizer instance; an
-    optimizer memfit has no layout for raises BadInputError naming it.
+    """memfit's optimizer name for a real optimizer instance (its OptimizerSpec row matches
+    it); an optimizer memfit has no layout for raises BadInputError naming it.
 
     An accelerate `AcceleratedOptimizer` or Lightning wrapper is looked through.
     """
-    if optimizer is None:
-        return "none"
-    inner = optimizer
-    while isinstance(getattr(inner, "optimizer", None), torch.optim.Optimizer):
-        inner = inner.optimizer
-    cls = type(inner)
-    module, name = cls.__module__, cls.__name__
-    defaults = getattr(inner, "defaults", {})
-    if module.startswith("torch.optim"):
-        if name == "AdamW":
-            return "adamw-fused" if defaults.get("fused") else "adamw"
-        if name == "Adam":
-            return "adamw-fused" if defaults.get("fused") else "adam"
-        if name == "SGD":
-            return "sgd-momentum" if defaults.get("momentum") else "sgd"
-        if name == "Adafactor":
-            return "adafactor"
-    if module.startswith("transformers") and name == "Adafactor":
-        return "adafactor"
-    bits = None
-    if module.startswith("bitsandbytes"):
-        bits = int(getattr(getattr(inner, "args", None), "optim_bits", 32))
-        paged = bool(getattr(inner, "is_paged", False))
-        if name in ("AdamW", "AdamW8bit", "AdamW32bit", "PagedAdamW", "PagedAdamW8bit",
-                    "PagedAdamW32bit"):  # fmt: skip
-            if bits == 8:
-                return "paged-adamw-8bit" if paged else "adamw-8bit"
-            if paged:
-                return "paged-adamw"
-        if name in ("Lion", "Lion32bit") and bits == 32 and not paged:
-            return "lion"
-    raise BadInputError(
-        f"memfit has no memory layout for the optimizer {module}.{name}"
-        f"{f' ({bits}-bit)' if bits is not None else ''}. "
-        "It models torch AdamW / Adam / SGD / Adafactor, transformers' Adafactor and "
-        "bitsandbytes' AdamW8bit, PagedAdamW, PagedAdamW8bit and 32-bit Lion "
-        "(docs/integrations.md lists every `optim` name)."
-    )
+    return name_of_instance(optimizer)

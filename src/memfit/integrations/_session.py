@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from memfit.cuda.gpus import FIT_MARGIN_FRACTION
 from memfit.errors import BadInputError, Failsafe, MemfitError
-from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.estimator.estimate import Estimate, estimate
 from memfit.measurement.measure import Measurement, measure
 from memfit.models.sources import ModelSpec
@@ -184,7 +184,7 @@ class Session:
             p = plan_keeping(None)
         self.plan = p
         need = format_bytes(est.profile.device_total_bytes)
-        limit = int(est.gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION))
+        limit = est.gpu.fit_limit
         head = (
             f"memfit: this run will not fit {est.gpu.display_name}: one step needs {need} "
             f"(nvidia-smi's count), and memfit allows {format_bytes(limit)}, the card's "

@@ -7,14 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from memfit.cuda.target import list_gpus
-from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.models.sources import ModelSpec
 from memfit.units import format_bytes
 
 
 def _device_fits(miss: Any, gpu: Any) -> bool:
     """Whether the candidate's device figures alone fit (the estimate's margin)."""
-    limit = int(gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION))
+    limit = gpu.fit_limit
     return miss.estimate.oom is None and miss.device_total_bytes <= limit
 
 
@@ -41,7 +40,7 @@ def what_would_fit(
         )
     elif miss is not None:
         need = miss.device_total_bytes
-        needs_bf16 = miss.workload.precision.startswith("bf16")
+        needs_bf16 = miss.workload.recipe.bf16
         bigger = sorted(
             (
                 g

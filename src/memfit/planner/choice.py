@@ -7,10 +7,8 @@ and the Pareto table lists what is not beaten on both device memory and step tim
 
 from __future__ import annotations
 
+from memfit.optimizers import DEFAULT_OPTIMIZER, NO_OPTIMIZER, spec_of
 from memfit.planner.results import Candidate, Goal
-
-#: The optimizer users start from when the goal names none.
-DEFAULT_OPTIMIZER = "adamw"
 
 
 def preference(c: Candidate, goal: Goal) -> tuple[bool, float]:
@@ -34,11 +32,9 @@ def faster_other_optimizer(
 
 
 def _algorithm(optimizer: str) -> str:
-    """The update rule: fused AdamW is AdamW with other kernels, a paged optimizer the same
-    optimizer with its state in unified memory."""
-    if optimizer in ("adamw-fused", "paged-adamw"):
-        return "adamw"
-    return "adamw-8bit" if optimizer == "paged-adamw-8bit" else optimizer
+    """The update rule (OptimizerSpec.rule): fused AdamW is AdamW with other kernels, a paged
+    optimizer the same optimizer with its state in unified memory."""
+    return optimizer if optimizer == NO_OPTIMIZER else spec_of(optimizer).rule
 
 
 def pareto(cands: list[Candidate]) -> list[Candidate]:

@@ -18,7 +18,6 @@ from memfit.cuda.allocator_config import AllocatorConfig
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
 from memfit.estimator.auto_precision import resolve_precision
-from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.estimator.estimate import estimate_from_trace, trace_spec
 from memfit.estimator.predict import MicroBatchLine
 from memfit.estimator.trace_cache import check_environment
@@ -131,7 +130,7 @@ def _limit(
     if what == "batch_size":
         good = largest_passing(fits, start=1, upper=upper)
     else:
-        limit = int(gpu_obj.total_memory_bytes * (1 - FIT_MARGIN_FRACTION))
+        limit = gpu_obj.fit_limit
         good, resolution = _longest(fits, lambda v: seen[v][1], limit, upper)
     if line is not None and not all(line.confirm(v) for v in (good, good + 1)
                                     if v in line.predicted):  # fmt: skip

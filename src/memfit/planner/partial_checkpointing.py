@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.estimator.estimate import estimate_from_trace, trace_spec
 from memfit.models.sources import ModelSpec
 from memfit.planner.cost import step_cost
@@ -39,7 +38,7 @@ def fewest_checkpointed(spec: ModelSpec, cand: Candidate, gpu: Any, n_blocks: in
         est = estimate_from_trace(spec, w, tr, n_blocks=n, replayed=rep, gpu=gpu)
         return Candidate(workload=w, estimate=est, cost=step_cost(work_of(est), gpu, tf32=False))
 
-    limit = int(gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION))
+    limit = gpu.fit_limit
     none = price(cand.workload.with_(checkpointing="off", checkpoint_first=None))
     if none.fits:
         return none if none.cost.seconds < cand.cost.seconds else cand

@@ -52,6 +52,11 @@ def apply_code(c: Candidate, model: str, gpu: str) -> str:
             fields.append(f"{flag}=True")
     if w.offload_activations:  # which filter: True would read as "save_on_cpu"
         fields.append(f"offload_activations={w.offload_activations!r}")
+    # The GPU the plan estimated for (attention kernel, fits) and the host RAM it budgeted.
+    if w.gpu is not None:
+        fields.append(f"gpu={w.gpu!r}")
+    if w.host_memory is not None:
+        fields.append(f"host_memory={w.host_memory!r}")
     head = ""
     if w.gpus > 1:
         fields.append(f"gpus={w.gpus}")

@@ -8,6 +8,7 @@ from typing import Any
 
 from memfit.errors import BadInputError
 from memfit.estimator.estimate import Estimate
+from memfit.optimizers import DEFAULT_OPTIMIZER
 from memfit.planner.cost import StepCost
 from memfit.workload import FSDP_MIXED, Workload, check_choice
 
@@ -49,7 +50,7 @@ class Goal:
             seq_len=self.seq_len,
             image_size=self.image_size,
             precision=self.precision or "fp32",
-            optimizer=self.optimizer or "adamw",
+            optimizer=self.optimizer or DEFAULT_OPTIMIZER,
             teacher=self.teacher,
         )
 

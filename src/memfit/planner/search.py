@@ -46,12 +46,12 @@ from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError, TraceError
 from memfit.estimator.attention import attention_class
 from memfit.estimator.collector import without_full_collections
-from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.estimator.estimate import estimate_from_trace, trace_spec
 from memfit.estimator.parallel import run_all, workers
 from memfit.estimator.step_runner import Trace
 from memfit.estimator.trace_cache import check_environment, pack_trace, session, unpack_trace
 from memfit.models.sources import ModelSpec, resolve_model
+from memfit.optimizers import DEFAULT_OPTIMIZER, spec_of
 from memfit.planner.advice import what_would_fit
 from memfit.planner.choice import faster_other_optimizer, pareto, preference
 from memfit.planner.composed import Composer
@@ -75,6 +75,7 @@ from memfit.planner.shapes import (
     with_ddp,
 )
 from memfit.planner.work import work_of
+from memfit.precision import precision_of
 from memfit.workload import LoraConfig, Workload
 
 
@@ -121,7 +122,7 @@ class _Search:
         self.candidates: list[Candidate] = []
         self.composer = composer or Composer(spec, gpu.compute_capability)
         self.untraceable: dict[Shape, str] = {}
-        self.floors = Floors(spec, int(gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION)))
+        self.floors = Floors(spec, gpu.fit_limit)
 
     def beyond_floor(self, shape: Shape, mb: int, places: list[tuple[bool, bool]], *,
                      every_gradient: bool = False) -> bool:  # fmt: skip
@@ -170,7 +171,7 @@ class _Search:
 
     def fsdp_mixed(self, shape: Shape) -> str:
         """The goal's FSDP2 mixed precision, where it applies (FSDP over several GPUs)."""
-        sharded = self.n_gpus > 1 and not shape.ddp and shape.precision.endswith("-mixed")
+        sharded = self.n_gpus > 1 and not shape.ddp and precision_of(shape.precision).mixed
         return self.goal.fsdp_mixed if sharded else "policy"
 
     def prefetch(self, pairs: list[tuple[Shape, int]]) -> None:
@@ -288,7 +289,7 @@ def _explore(
         if shape.fsdp_offload:
             return [(False, False)]
         # A paged optimizer pages its state to the host by itself.
-        lean = shape.in_backward or shape.optimizer.startswith("paged-")
+        lean = shape.in_backward or spec_of(shape.optimizer).paged
         return [(o, e) for o, e in places if not (o and lean)]
 
     # Probe the lightest shapes at the smallest micro-batch first: a light shape that does not
@@ -369,7 +370,7 @@ def _largest_fitting(
         return -1, seconds
     m0 = min(c.device_total_bytes for c in first)
     mt = min((c.device_total_bytes for c in top), default=m0)
-    limit = int(search.gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION))
+    limit = search.gpu.fit_limit
     guess = 0
     if mt > m0:
         want = micro[0] + (limit - m0) * (micro[-1] - micro[0]) / (mt - m0)
@@ -589,7 +590,7 @@ def _baseline(search: _Search, per_gpu: int, goal: Goal) -> Candidate | None:
 def _plain(shape: Shape, goal: Goal) -> bool:
     """Whether `shape` is the baseline's: the goal's or AdamW optimizer, no techniques."""
     return (
-        shape.optimizer == (goal.optimizer or "adamw")
+        shape.optimizer == (goal.optimizer or DEFAULT_OPTIMIZER)
         and shape.checkpointing == "off"
         and not shape.lora
         and not shape.tied

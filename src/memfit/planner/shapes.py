@@ -38,6 +38,8 @@ from typing import Any
 
 from memfit.errors import BadInputError, closest
 from memfit.models.sources import ModelSpec
+from memfit.optimizers import DEFAULT_OPTIMIZER, NO_OPTIMIZER, paged_variant, plan_choices, spec_of
+from memfit.precision import PURE_BF16, precision_of
 
 #: Techniques the planner can use, by the name `allow` / `forbid` take.
 TECHNIQUES = {
@@ -162,20 +164,16 @@ def distillation_of(w: Any) -> Distillation:
     return Distillation(w.distill_loss, w.teacher_quantize, w.teacher_top_k)
 
 
-_PRECISION_WEIGHT = {"bf16-true": 0, "fp16-true": 0, "bf16-mixed": 1, "fp16-mixed": 1, "fp32": 2}
-_OPTIMIZER_WEIGHT = {
-    "sgd": 0, "adamw-8bit": 1, "adafactor": 1, "lion": 1, "sgd-momentum": 1,
-    "adam": 2, "adamw": 2, "adamw-fused": 2, "none": 0,
-    # Paged state lives in unified memory, outside the caching allocator: it pages out
-    # rather than fail, so on the device it weighs nothing for the fit.
-    "paged-adamw": 0, "paged-adamw-8bit": 0,
-}  # fmt: skip
+def _optimizer_weight(name: str) -> int:
+    # OptimizerSpec.weight; paged state lives in unified memory, outside the caching
+    # allocator: it pages out rather than fail, so on the device it weighs nothing.
+    return 0 if name == NO_OPTIMIZER else spec_of(name).weight
 
 
 def _optimizer_heavier(a: str, b: str) -> bool:
     # A partial order: Adam(W) keeps two full moments, more than any lighter optimizer; the
     # lighter ones (8-bit AdamW, Adafactor, ...) are not comparable with each other.
-    return a == b or _OPTIMIZER_WEIGHT[a] > _OPTIMIZER_WEIGHT[b]
+    return a == b or _optimizer_weight(a) > _optimizer_weight(b)
 
 
 def _teacher_heavier(a: Distillation, b: Distillation) -> bool:
@@ -194,7 +192,7 @@ def heavier(a: Shape, b: Shape) -> bool:
     micro-batch. Shapes with and without the step in backward are never compared: they run at
     different micro-batches (no accumulation with the step in backward)."""
     return bool(
-        _PRECISION_WEIGHT[a.precision] >= _PRECISION_WEIGHT[b.precision]
+        precision_of(a.precision).width >= precision_of(b.precision).width
         and _optimizer_heavier(a.optimizer, b.optimizer)
         and (a.checkpointing == "off" or b.checkpointing == "blocks")
         and (not a.lora or b.lora)
@@ -233,7 +231,7 @@ def _sorted(shapes: list[Shape]) -> list[Shape]:
         s.precision == "fp32", s.fsdp_offload, bool(s.offload_activations), not s.ddp,
         s.distill.teacher_top_k is None, s.checkpointing != "off",
         s.distill.teacher_quantize is not None, s.distill.chunked,
-        _PRECISION_WEIGHT[s.precision] + _OPTIMIZER_WEIGHT[s.optimizer] - s.lora - s.tied,
+        precision_of(s.precision).width + _optimizer_weight(s.optimizer) - s.lora - s.tied,
     ))  # fmt: skip
 
 
@@ -247,15 +245,8 @@ def shapes(goal: Any, allowed: set[str], gpu: Any, spec: ModelSpec) -> list[Shap
         # when mixed precision is not allowed.
         precisions = [f"{low}-mixed"] if "mixed-precision" in allowed else ["fp32"]
         if "pure-precision" in allowed and gpu.bf16:
-            precisions.append("bf16-true")
-    if goal.optimizer:
-        optimizers = [goal.optimizer]
-    else:
-        optimizers = ["adamw"]
-        if "8bit-optimizer" in allowed:
-            optimizers.append("adamw-8bit")
-        if "adafactor" in allowed:
-            optimizers.append("adafactor")
+            precisions.append(PURE_BF16)
+    optimizers = [goal.optimizer] if goal.optimizer else [DEFAULT_OPTIMIZER, *plan_choices(allowed)]
     ckpt = ["off", "blocks"] if "checkpointing" in allowed and spec.num_layers else ["off"]
     adapters: list[tuple[bool, str | None]] = [(False, None)]
     if "lora" in allowed:
@@ -263,7 +254,7 @@ def shapes(goal: Any, allowed: set[str], gpu: Any, spec: ModelSpec) -> list[Shap
     if "qlora" in allowed:
         adapters.append((True, PLAN_QLORA_QUANTIZE))
     tied = [False, True] if "tied-embeddings" in allowed else [False]
-    usual = goal.optimizer or "adamw"
+    usual = goal.optimizer or DEFAULT_OPTIMIZER
     kinds = distillations(goal, allowed)
     out = [
         Shape(p, o, c, lora, t, quantize=q, distill=d)
@@ -274,10 +265,10 @@ def shapes(goal: Any, allowed: set[str], gpu: Any, spec: ModelSpec) -> list[Shap
         # try them only with the goal's (or AdamW) optimizer.
         if (not lora and d.plain) or o == usual
     ]
-    if len(adapters) > 1 and not goal.precision and gpu.bf16 and "bf16-true" not in precisions:
+    if len(adapters) > 1 and not goal.precision and gpu.bf16 and PURE_BF16 not in precisions:
         # A frozen base needs no fp32 master weights: LoRA is usually trained on a 16-bit base.
         for c, (lora, q), t, d in itertools.product(ckpt, adapters[1:], tied, kinds):
-            out.append(Shape("bf16-true", usual, c, lora, t, quantize=q, distill=d))
+            out.append(Shape(PURE_BF16, usual, c, lora, t, quantize=q, distill=d))
     return _sorted(out)
 
 
@@ -318,20 +309,18 @@ def lean_shapes(goal: Any, allowed: set[str], gpu: Any, spec: ModelSpec) -> list
     if goal.precision:
         precision = goal.precision
     elif "pure-precision" in allowed and gpu.bf16:
-        precision = "bf16-true"
+        precision = PURE_BF16
     else:
         precision = f"{'bf16' if gpu.bf16 else 'fp16'}-mixed"
     if goal.optimizer:
         optimizers = [goal.optimizer]
     else:
-        optimizers = ["paged-adamw"] if "paged-optimizer" in allowed else ["adamw"]
-        if "8bit-optimizer" in allowed:
-            optimizers.append("paged-adamw-8bit" if "paged-optimizer" in allowed else "adamw-8bit")
-        if "adafactor" in allowed:
-            optimizers.append("adafactor")
+        optimizers = [DEFAULT_OPTIMIZER, *plan_choices(allowed)]
+        if "paged-optimizer" in allowed:
+            optimizers = [paged_variant(o) or o for o in optimizers]
     in_backward = [False]
     # The GradScaler unscales all gradients at once: no step in backward with fp16-mixed.
-    if "optimizer-in-backward" in allowed and precision != "fp16-mixed":
+    if "optimizer-in-backward" in allowed and not precision_of(precision).scaler:
         in_backward.append(True)
     ckpt = ["blocks", "off"] if "checkpointing" in allowed and spec.num_layers else ["off"]
     act: list[bool | str] = [False]
@@ -357,7 +346,7 @@ def offload_shapes(goal: Any, allowed: set[str], gpu: Any, spec: ModelSpec) -> l
     if "fsdp-offload" not in allowed:
         return []
     lean = lean_shapes(goal, allowed - {"optimizer-in-backward"}, gpu, spec)
-    usual = goal.optimizer or "adamw"
+    usual = goal.optimizer or DEFAULT_OPTIMIZER
     return _sorted(
         [
             Shape(s.precision, usual, s.checkpointing, False, False,

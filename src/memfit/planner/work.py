@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from memfit.estimator.device_memory import FIT_MARGIN_FRACTION
 from memfit.estimator.estimate import Estimate
 from memfit.models.sources import resolve_model
+from memfit.optimizers import NO_OPTIMIZER, spec_of
 from memfit.planner.cost import StepWork
 from memfit.techniques.distillation import DTYPES, config_from_workload
 from memfit.techniques.quantize import QuantizeConfig, targets
@@ -79,9 +79,9 @@ def lean_work(est: Estimate) -> dict[str, int]:
     out: dict[str, int] = {}
     if w.offload_activations:
         out["activation_offload_bytes_per_step"] = 2 * rec["offloaded_activations"] * w.grad_accum
-    if w.optimizer.startswith("paged-") and est.gpu is not None:
+    if w.optimizer != NO_OPTIMIZER and spec_of(w.optimizer).paged and est.gpu is not None:
         # Pages stay resident while the device has room beside everything else.
-        room = int(est.gpu.total_memory_bytes * (1 - FIT_MARGIN_FRACTION))
+        room = est.gpu.fit_limit
         room -= est.profile.device_total_bytes or 0
         state = rec["paged_optimizer_state"]
         out["paged_bytes_per_step"] = 2 * max(0, state - max(room, 0))

@@ -37,12 +37,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
+
 from memfit.cuda.allocator import CachingAllocator
 from memfit.cuda.allocator_config import AllocatorConfig, cuda_block_size
 from memfit.cuda.allocator_oom import AllocatorOutOfMemoryError as AllocatorFull
 from memfit.errors import BadInputError
+from memfit.optimizers import plan_choices, spec_of
 from memfit.simulation.simulated_gpu import LiveTensor, OomState
-from memfit.techniques.optimizer import BNB_BLOCK_SIZE, BNB_MIN_8BIT_SIZE
 from memfit.units import format_bytes as fb
 
 __all__ = ["OomReport", "Suggestion", "explain_oom", "render_oom"]
@@ -182,11 +184,11 @@ def _suggestions(snap: OomState, shortfall: int) -> tuple[list[Suggestion], bool
             [bf16(t) for t in live] + [params32 // 2], bf16(req),
             "fp32 activations halve; autocast adds a bf16 copy of the weights")  # fmt: skip
     if any(t.category == "optimizer_state" for t in live):
-        add("adamw_8bit", "use an 8-bit optimizer (bitsandbytes.optim.AdamW8bit)",
+        add("adamw_8bit", f"use an 8-bit optimizer ({spec_of(EIGHT_BIT).title})",
             [n for t in live for n in _as_8bit(t)], req.nbytes,
             "fp32 state of tensors with >= 4096 elements kept as uint8 plus one fp32 absmax per "
             "256 elements (bitsandbytes blockwise quantisation)")  # fmt: skip
-        add("adafactor", "use Adafactor (torch.optim.Adafactor)",
+        add("adafactor", f"use Adafactor ({spec_of(FACTORED).title})",
             [t.nbytes for t in live if t.category != "optimizer_state"]
             + [_adafactor_bytes(shape) for shape, _ in snap.optimizer_state], req.nbytes,
             "no first moment; the second moment is one fp32 row and one column vector per "
@@ -271,18 +273,22 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
+#: The optimizers the advice prices: the planner's 8-bit one and its factored one.
+EIGHT_BIT, FACTORED = plan_choices({"8bit-optimizer"})[0], plan_choices({"adafactor"})[0]
+
+
 def _as_8bit(t: LiveTensor) -> list[int]:
-    numel = _numel(t.shape)
-    if t.category != "optimizer_state" or t.dtype != "float32" or numel < BNB_MIN_8BIT_SIZE:
+    """One fp32 moment `t` as bitsandbytes' AdamW8bit keeps it (its OptimizerSpec row): uint8
+    state and an fp32 absmax per block, or fp32 under the 8-bit floor."""
+    if t.category != "optimizer_state" or t.dtype != "float32":
         return [t.nbytes]
-    return [numel, 4 * -(-numel // BNB_BLOCK_SIZE)]  # uint8 state, fp32 absmax per block
+    states = spec_of(EIGHT_BIT).states(tuple(t.shape), torch.float32)
+    return [st.nbytes for st in states if st.key in ("state1", "absmax1")]
 
 
 def _adafactor_bytes(shape: tuple[int, ...]) -> int:
-    """torch.optim.Adafactor state: row and column variances for >= 2-D, else one vector."""
-    if len(shape) >= 2:
-        return 4 * _numel(shape[:-2]) * (shape[-2] + shape[-1])
-    return 4 * _numel(shape)
+    """torch.optim.Adafactor's fp32 state of a parameter (its OptimizerSpec row)."""
+    return spec_of(FACTORED).state_bytes(shape, torch.float32)
 
 
 def render_oom(report: OomReport, *, top_modules: int = 8) -> str:

@@ -1,27 +1,9 @@
-"""The optimizer: its config, its handler, and one builder for both the trace and `apply_`.
+"""The optimizer as a technique: its config, its `apply_` handler, and the trace's builder.
 
-The builder's `for_trace` says which: the estimate's layout of what CUDA runs, or the real
-optimizer `apply_` gives the user. Both take the config's learning rate and weight decay.
-
-On CUDA, torch.optim picks the foreach implementation by default
-(torch/optim/optimizer.py `_default_to_fused_or_foreach`: foreach when every parameter is on a
-CUDA device). On CPU it would pick the per-tensor loop, whose temporaries are far smaller, so
-the tracer asks for `foreach=True` explicitly. `adamw-fused` asks for `fused=True`, which keeps
-the step counters on the device (Adam `_init_group`: `torch.zeros((), device=p.device)` when
-fused or capturable, else a CPU tensor). `host_state_keys` says which state entries CUDA keeps on
-the host, so that the tracer does not count them as GPU memory.
-
-`BnbAdamWLayout` reproduces the memory layout of bitsandbytes' AdamW family: AdamW8bit
-(blockwise 8-bit states: uint8 moments, fp32 absmax per 256-element block, the shared
-256-entry quantisation map, 32-bit states for small tensors), PagedAdamW (two fp32 moments) and
-PagedAdamW8bit, whose large moments live in paged memory (CUDA unified memory that
-bitsandbytes allocates with cudaMallocManaged, outside PyTorch's caching allocator: on the GPU
-while it fits, evicted to host RAM under pressure). It updates in place like bnb's fused
-kernels. It is a layout model for estimation, not a numerically faithful optimizer;
-`memfit.apply_` uses bitsandbytes itself.
-
-`Lion` follows the reference implementation's update (lucidrains/lion-pytorch): one momentum
-buffer per parameter, and per-parameter temporaries for the sign update.
+What each optimizer keeps and how it is built (torch's foreach implementation for the trace, as
+CUDA picks it; layouts of bitsandbytes' and torchao's packed states) is its row in
+memfit.optimizers; this module reads it. `host_state_keys` says which state entries CUDA keeps
+on the host, so that the tracer does not count them as GPU memory.
 """
 
 from __future__ import annotations
@@ -34,137 +16,67 @@ import torch
 
 from memfit.errors import BadInputError
 from memfit.events import Category
+from memfit.optimizers import (
+    DEFAULT_LR,
+    DEFAULT_OPTIMIZER,
+    NO_OPTIMIZER,
+    OPTIMIZERS,
+    build,
+    host_state_keys,
+    is_paged_state,
+    spec_of,
+)
+from memfit.precision import precision_of
 from memfit.techniques.offload import CpuOffloadOptimizer
 from memfit.techniques.registry import Build, handler
-from memfit.workload import OPTIMIZERS, check_choice
+from memfit.workload import check_choice
 
-#: bitsandbytes Optimizer8bit: tensors with fewer elements than min_8bit_size (default 4096)
-#: keep 32-bit states.
-BNB_MIN_8BIT_SIZE = 4096
-#: bitsandbytes blockwise quantisation block size for optimizer states (F.quantize_blockwise).
-BNB_BLOCK_SIZE = 256
-#: bitsandbytes dynamic quantisation map: 256 float32 entries (create_dynamic_map).
-BNB_QMAP_ENTRIES = 256
-#: bitsandbytes Optimizer8bit.get_state_buffer: a paged optimizer pages the states of tensors
-#: of at least 1e5 elements ("> 1 MB"); smaller ones get ordinary device tensors.
-BNB_PAGED_MIN_ELEMENTS = 100_000
-
-#: The learning rate of an optimizer built without one (OptimizerConfig's default; memory does
-#: not depend on it).
-DEFAULT_LR = 1e-3
+__all__ = [
+    "OptimizerConfig",
+    "build_optimizer",
+    "host_state_keys",
+    "is_paged_state",
+    "make_optimizer",
+    "mark_state",
+    "optimizer_for_trace",
+    "paged_state_note",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
-    """The optimizer, by memfit name (workload.OPTIMIZERS), with its learning rate.
+    """The optimizer, by memfit name (a row of memfit.optimizers), with its learning rate.
 
-    "adamw-8bit", "paged-adamw" and "paged-adamw-8bit" are bitsandbytes' AdamW8bit,
-    PagedAdamW and PagedAdamW8bit (`pip install memfit[bnb]`). With `offload`, the
-    state and the update live on the CPU (memfit.techniques.offload.CpuOffloadOptimizer).
+    Rows of another library (bitsandbytes, torchao, schedulefree) need it installed. With
+    `offload`, the state and the update live on the CPU
+    (memfit.techniques.offload.CpuOffloadOptimizer).
     """
 
-    name: str = "adamw"
+    name: str = DEFAULT_OPTIMIZER
     lr: float = DEFAULT_LR
     weight_decay: float = 0.0
     offload: bool = False
 
     def __post_init__(self) -> None:
         check_choice("optimizer", self.name, OPTIMIZERS)
-        if self.name == "none":
+        if self.name == NO_OPTIMIZER:
             raise BadInputError(
                 "OptimizerConfig(name='none') builds nothing; leave the config out instead."
             )
         if not self.lr > 0:
             raise BadInputError(f"Learning rate must be > 0, got {self.lr!r}.")
-        if self.offload and self.name.startswith("paged"):
+        if self.offload and spec_of(self.name).paged:
             raise BadInputError(
                 f"OptimizerConfig(name={self.name!r}, offload=True): a paged optimizer keeps its "
                 "state in CUDA unified memory that pages to the host by itself; on the CPU it "
-                "is an ordinary optimizer. Drop offload, or use name='adamw' with offload."
+                "is an ordinary optimizer. Drop offload, or use "
+                f"name={DEFAULT_OPTIMIZER!r} with offload."
             )
 
     @property
     def label(self) -> str:
         """How reports name the technique: only the offload (reports show the optimizer)."""
         return "optimizer state on CPU" if self.offload else ""
-
-
-class BnbAdamWLayout(torch.optim.Optimizer):
-    """Memory layout of bitsandbytes' AdamW family (`Optimizer2State`, adam): AdamW8bit,
-    PagedAdamW and PagedAdamW8bit; see the module docstring.
-
-    `optim_bits` 8: uint8 moments with fp32 absmax per block and the shared quantisation map
-    (`init_state`, dtype uint8), 32-bit moments for tensors under `BNB_MIN_8BIT_SIZE`; 32: two
-    fp32 moments. With `paged`, the moments of tensors of at least `BNB_PAGED_MIN_ELEMENTS`
-    elements are paged (`get_state_buffer`: `F.get_paged`, CUDA unified memory outside
-    PyTorch's allocator); `paged_state` lists them so that the tracer keeps them out of the
-    allocator's device memory. absmax and the quantisation map are never paged.
-    """
-
-    def __init__(
-        self,
-        params: Iterable[torch.nn.Parameter],
-        lr: float = DEFAULT_LR,
-        *,
-        optim_bits: int = 8,
-        paged: bool = False,
-    ) -> None:
-        super().__init__(params, {"lr": lr})
-        self._qmap: torch.Tensor | None = None
-        self.optim_bits = optim_bits
-        self.paged = paged
-        #: ids of the paged state tensors (alive as long as the state holds them).
-        self._paged: set[int] = set()
-
-    def _moment(self, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        t = torch.zeros_like(p, dtype=dtype)
-        if self.paged and p.numel() >= BNB_PAGED_MIN_ELEMENTS:
-            self._paged.add(id(t))
-        return t
-
-    def is_paged(self, t: torch.Tensor) -> bool:
-        """Whether state tensor `t` lives in paged (unified) memory."""
-        return id(t) in self._paged
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    if self.optim_bits == 32 or p.numel() < BNB_MIN_8BIT_SIZE:
-                        state["state1"] = self._moment(p, torch.float32)
-                        state["state2"] = self._moment(p, torch.float32)
-                    else:
-                        if self._qmap is None:
-                            self._qmap = torch.zeros(
-                                BNB_QMAP_ENTRIES, dtype=torch.float32, device=p.device
-                            )
-                        blocks = (p.numel() + BNB_BLOCK_SIZE - 1) // BNB_BLOCK_SIZE
-                        state["state1"] = self._moment(p, torch.uint8)
-                        state["state2"] = self._moment(p, torch.uint8)
-                        state["absmax1"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
-                        state["absmax2"] = torch.zeros(blocks, dtype=torch.float32, device=p.device)
-                        state["qmap1"] = self._qmap
-                        state["qmap2"] = self._qmap
-                state["step"] += 1
-                # bnb's fused kernel updates states and weights in place: no temporaries.
-                p.add_(p.grad, alpha=-group["lr"])
-        return None
-
-
-class AdamW8bitLayout(BnbAdamWLayout):
-    """Memory layout of bitsandbytes.optim.AdamW8bit (not paged)."""
-
-
-def is_paged_state(optimizer: torch.optim.Optimizer, t: torch.Tensor) -> bool:
-    """Whether `optimizer` (a trace layout, or optimizers behind one such as
-    OptimizerInBackward) keeps state tensor `t` in paged memory."""
-    is_paged = getattr(optimizer, "is_paged", None)
-    return callable(is_paged) and bool(is_paged(t))
 
 
 def paged_state_note(records: dict[int, Any]) -> str | None:
@@ -207,100 +119,24 @@ def mark_state(
                 tracker.mark(v, Category.OPTIMIZER_STATE, host=key in host_keys, paged=paged)
 
 
-class Lion(torch.optim.Optimizer):
-    """Lion (Chen et al. 2023), laid out as lion-pytorch: one momentum buffer per parameter."""
-
-    def __init__(
-        self,
-        params: Iterable[torch.nn.Parameter],
-        lr: float = DEFAULT_LR,
-        betas: tuple[float, float] = (0.9, 0.99),
-        weight_decay: float = 0.0,
-    ) -> None:
-        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay})
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["exp_avg"] = torch.zeros_like(p)
-                exp_avg = state["exp_avg"]
-                p.mul_(1 - group["lr"] * group["weight_decay"])
-                update = exp_avg.clone().mul_(beta1).add(p.grad, alpha=1 - beta1).sign_()
-                p.add_(update, alpha=-group["lr"])
-                exp_avg.mul_(beta2).add_(p.grad, alpha=1 - beta2)
-        return None
-
-
-#: memfit name -> (state bits, paged, bitsandbytes.optim class).
-_BNB = {
-    "adamw-8bit": (8, False, "AdamW8bit"),
-    "paged-adamw": (32, True, "PagedAdamW"),
-    "paged-adamw-8bit": (8, True, "PagedAdamW8bit"),
-}
-
-
 def build_optimizer(
     params: list[Any], config: OptimizerConfig, *, for_trace: bool
 ) -> torch.optim.Optimizer:
     """The optimizer `config` names over `params`.
 
-    With `for_trace`, it is laid out as CUDA runs it by default: the foreach implementation
-    asked for explicitly (a CPU trace would otherwise run the per-tensor loop), and
-    `BnbAdamWLayout` for bitsandbytes' (paged) AdamW. Otherwise it is the real optimizer, with
-    torch's own implementation choice, and bitsandbytes' own classes.
+    With `for_trace`, it is laid out as CUDA runs it by default (`OptimizerSpec.trace`: the
+    foreach implementation asked for explicitly, since a CPU trace would otherwise run the
+    per-tensor loop; layouts of packed states). Otherwise it is the real optimizer
+    (`OptimizerSpec.real`), with torch's own implementation choice.
     """
     if not params:
         raise BadInputError(
             "No parameter requires grad, so there is nothing to optimize. Unfreeze some "
             "parameters, add LoRA (--lora-rank), or use --optimizer none / --mode inference."
         )
-    name, lr, wd = config.name, config.lr, config.weight_decay
-    impl: dict[str, Any] = {"foreach": True} if for_trace else {}
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, weight_decay=wd, **impl)
-    if name == "sgd-momentum":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=wd, **impl)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=wd, **impl)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=wd, **impl)
-    if name == "adamw-fused":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=wd, fused=True)
-    if name == "adafactor":
-        return torch.optim.Adafactor(params, lr=lr, weight_decay=wd, **impl)
-    if name == "lion":
-        return Lion(params, lr=lr, weight_decay=wd)
-    if name in _BNB:
-        bits, paged, cls = _BNB[name]
-        if for_trace:
-            return BnbAdamWLayout(params, lr=lr, optim_bits=bits, paged=paged)
-        try:
-            import bitsandbytes as bnb
-        except ImportError as e:
-            raise ImportError(
-                f"OptimizerConfig(name={name!r}) uses bitsandbytes' {cls}: install it "
-                "with `pip install memfit[bnb]`, or choose 'adafactor' (also light on memory)."
-            ) from e
-        return getattr(bnb.optim, cls)(params, lr=lr, weight_decay=wd)
-    raise BadInputError(f"Unknown optimizer {name!r}.")
-
-
-def host_state_keys(optimizer: torch.optim.Optimizer) -> frozenset[str]:
-    """State entries that CUDA keeps in host memory for this optimizer.
-
-    torch.optim Adam/AdamW/Adafactor keep `step` as a CPU scalar tensor unless fused or
-    capturable (Adam._init_group, Adafactor._init_group).
-    """
-    defaults = optimizer.defaults
-    if defaults.get("fused") or defaults.get("capturable"):
-        return frozenset()
-    return frozenset({"step"})
+    return build(
+        config.name, params, lr=config.lr, weight_decay=config.weight_decay, for_trace=for_trace
+    )
 
 
 def make_optimizer(model: torch.nn.Module, config: OptimizerConfig) -> torch.optim.Optimizer:
@@ -318,7 +154,8 @@ def make_optimizer(model: torch.nn.Module, config: OptimizerConfig) -> torch.opt
 
 @handler
 def _optimizer_handler(config: OptimizerConfig, build: Build) -> None:
-    if build.precision == "fp16-true" and config.name in ("adam", "adamw", "adamw-fused", "lion"):
+    recipe = precision_of(build.precision)
+    if recipe.pure and recipe.fp16 and not spec_of(config.name).fp16_true_safe:
         raise BadInputError(
             f"fp16-true with {config.name} diverges: the weights are fp16, Adam's eps (1e-8) is "
             "0 in fp16 and nothing scales the loss, so the first steps give NaN. Use "
@@ -329,6 +166,8 @@ def _optimizer_handler(config: OptimizerConfig, build: Build) -> None:
     build.applied.append(
         f"optimizer {config.name}, lr {config.lr:g}" + (" on CPU" if config.offload else "")
     )
+    if (note := spec_of(config.name).apply_note) is not None:
+        build.left_to_caller.append(f"{config.name}: {note}.")
     build.left_to_caller.append(
         "the optimizer step: setup.step runs it; another trainer takes setup.optimizer "
         "(HF Trainer: optimizers=(setup.optimizer, None))."
@@ -338,6 +177,6 @@ def _optimizer_handler(config: OptimizerConfig, build: Build) -> None:
 def optimizer_for_trace(name: str, params: list[Any]) -> torch.optim.Optimizer | None:
     """The optimizer a workload names (`Workload.optimizer`), laid out as CUDA runs it by
     default; None for "none"."""
-    if name == "none":
+    if name == NO_OPTIMIZER:
         return None
     return build_optimizer(params, OptimizerConfig(name=name), for_trace=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from memfit.precision import precision_of
 from memfit.techniques.registry import Build, handler
 from memfit.workload import PRECISIONS, check_choice
 
@@ -41,8 +42,9 @@ def _precision(config: PrecisionConfig, build: Build) -> None:
     build.precision = p
     if p == "fp32":
         return
-    dtype = torch.float16 if p.startswith("fp16") else torch.bfloat16
-    if p.endswith("-true"):
+    recipe = precision_of(p)
+    dtype = recipe.dtype
+    if recipe.pure:
         build.model.to(dtype)  # floating parameters and buffers only
     else:
         build.autocast_dtype = dtype

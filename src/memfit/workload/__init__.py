@@ -23,6 +23,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memfit.errors import BadInputError
+from memfit.optimizers import DEFAULT_OPTIMIZER, NO_OPTIMIZER, spec_of
+from memfit.precision import Precision, precision_of
 from memfit.workload.checks import (
     check_choice,
     check_ddp,
@@ -234,7 +236,8 @@ class Workload:
         self._check_values()
         object.__setattr__(self, "_optimizer_given", self.optimizer is not None)
         if self.optimizer is None:
-            object.__setattr__(self, "optimizer", "adamw" if self.mode == "train" else "none")
+            default = DEFAULT_OPTIMIZER if self.mode == "train" else NO_OPTIMIZER
+            object.__setattr__(self, "optimizer", default)
         self._check_inference()
         self._check_combinations()
 
@@ -323,7 +326,7 @@ class Workload:
         if self.training:
             return
         given = []
-        if self._optimizer_given and self.optimizer != "none":
+        if self._optimizer_given and self.optimizer != NO_OPTIMIZER:
             given.append(f"optimizer={self.optimizer!r}")
         if self.grad_accum != 1:
             given.append(f"grad_accum={self.grad_accum}")
@@ -378,24 +381,28 @@ class Workload:
                 f"the model with tensor parallelism. Use tp={self.gpus} instead."
             )
 
+    @property
+    def _paged_optimizer(self) -> bool:
+        return self.optimizer != NO_OPTIMIZER and spec_of(self.optimizer).paged
+
     def _check_combinations(self) -> None:
         """Options that are fine alone and conflict together."""
         self._check_generation()
         if self.checkpoint_first is not None and self.checkpointing != "blocks":
             raise BadInputError("checkpoint_first needs checkpointing='blocks'.")
-        if self.fsdp_cpu_offload and self.optimizer.startswith("paged-"):
+        if self.fsdp_cpu_offload and self._paged_optimizer:
             raise BadInputError(
                 f"fsdp_cpu_offload=True with optimizer={self.optimizer!r}: the optimizer steps "
                 "on FSDP2's CPU shards, where paged state is plain CPU memory. Use "
-                "optimizer='adamw' with it, or drop fsdp_cpu_offload."
+                f"optimizer={DEFAULT_OPTIMIZER!r} with it, or drop fsdp_cpu_offload."
             )
-        if self.offload_optimizer and self.optimizer.startswith("paged-"):
+        if self.offload_optimizer and self._paged_optimizer:
             raise BadInputError(
                 f"offload_optimizer=True with optimizer={self.optimizer!r}: a paged optimizer "
                 "keeps its state in CUDA unified memory, which pages to the host by itself. "
-                "Drop offload_optimizer, or use optimizer='adamw' with it."
+                f"Drop offload_optimizer, or use optimizer={DEFAULT_OPTIMIZER!r} with it."
             )
-        if self.training and self.offload_optimizer and self.optimizer == "none":
+        if self.training and self.offload_optimizer and self.optimizer == NO_OPTIMIZER:
             raise BadInputError(
                 "offload_optimizer=True moves optimizer state to the CPU, and optimizer is "
                 "'none'. Name an optimizer (e.g. optimizer='adamw') or drop offload_optimizer."
@@ -441,13 +448,15 @@ class Workload:
         return self.mode == "train"
 
     @property
+    def recipe(self) -> Precision:
+        """The precision as a value (memfit.precision); "auto" is resolved by the estimate
+        first."""
+        return precision_of(self.precision)
+
+    @property
     def compute_dtype_name(self) -> str:
         """The dtype matmuls run in: "float32", "float16" or "bfloat16"."""
-        if self.precision.startswith("fp16"):
-            return "float16"
-        if self.precision.startswith("bf16"):
-            return "bfloat16"
-        return "float32"
+        return self.recipe.dtype_name
 
     @property
     def fsdp(self) -> bool:
@@ -457,7 +466,7 @@ class Workload:
 
     @property
     def mixed(self) -> bool:
-        return self.precision.endswith("-mixed")
+        return self.recipe.mixed
 
     @property
     def autocast(self) -> bool:
@@ -481,7 +490,7 @@ class Workload:
 
     @property
     def pure_low_precision(self) -> bool:
-        return self.precision.endswith("-true")
+        return self.recipe.pure
 
     def with_(self, **changes: Any) -> Workload:
         """A copy with some fields changed (validated again).

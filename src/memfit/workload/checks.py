@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memfit.errors import BadInputError, closest
+from memfit.precision import precision_of
 from memfit.workload.choices import DISTILL_LOSSES, QUANTIZE, TEACHER_PRECISIONS
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def check_step_in_backward(self: Workload) -> None:
             f"grad_accum={self.grad_accum}: the step runs as each gradient lands, so "
             "gradients cannot accumulate over micro-batches. Use grad_accum=1"
         )
-    elif self.precision == "fp16-mixed":
+    elif precision_of(self.precision).scaler:
         why = (
             "precision='fp16-mixed': the GradScaler unscales and checks all gradients "
             "together before the step. Use bf16-mixed or bf16-true"

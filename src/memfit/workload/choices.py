@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-#: Precision recipes. "-mixed" keeps fp32 weights and runs matmuls under autocast (CUDA policy);
-#: "-true" casts the whole model (weights, gradients, optimizer state) to the 16-bit dtype.
-PRECISIONS = ("fp32", "fp16-mixed", "bf16-mixed", "fp16-true", "bf16-true")
+from memfit.optimizers import OPTIMIZERS as _OPTIMIZERS
+from memfit.precision import PRECISIONS as _PRECISIONS
+
+#: Precision recipes (memfit.precision: what each means, as a `Precision` value).
+PRECISIONS = _PRECISIONS
 AUTO_PRECISION = "auto"  # no training: the checkpoint's dtype (memfit.estimator.auto_precision)
 
-#: Optimizers, laid out in memory as their CUDA implementations keep state.
-OPTIMIZERS = (
-    "sgd",
-    "sgd-momentum",
-    "adam",
-    "adamw",
-    "adamw-fused",
-    "adafactor",
-    "adamw-8bit",
-    "paged-adamw",
-    "paged-adamw-8bit",
-    "lion",
-    "none",
-)
+#: Optimizers: memfit.optimizers' table (one OptimizerSpec row each), then "none".
+OPTIMIZERS = _OPTIMIZERS
 
 #: Quantized base weights (`QuantizeConfig` in memfit.techniques.quantize says which library
 #: layout each follows): bitsandbytes 4-bit NF4 / NF4 with double quantization / FP4, LLM.int8,
