@@ -152,6 +152,8 @@ class Worker:
         output = self.proc.communicate()[0] or ""
         rest = self.pending()
         failed = {}
+        if self.device and "device_error" in self.device:
+            why += f" (no device: {self.device['device_error']})"
         if rest:
             failed = {"name": rest[0].name, "error": f"{why}\n{output[-3000:]}"}
             self.results[rest[0].name] = failed
