@@ -265,7 +265,7 @@ def _plain_steps(cfg: Config, model: Any, device: Any, scaler: Any = None) -> li
             loss.backward()
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(round(float(loss), 4))
+        losses.append(round(float(loss.detach()), 4))
     return losses
 
 

@@ -15,8 +15,10 @@ Time model (seconds of GPU machine time, sequential workers), from the first run
   dtype (16-bit: 110 TFLOP/s, a ninth of an H100 SXM's 989 TFLOP/s dense peak, as small
   batches reach; fp32 without TF32: 22 TFLOP/s, a third of its 67 TFLOP/s); 6 (training) or 2
   x parameters x tokens per step when the estimate has no FLOPs.
-* LOOP_EXTRA_S: what a loop adds: the Trainer and accelerate's set-up; a QLoRA random
-  checkpoint written and loaded quantized; generate's per-token Python overhead
+* LOOP_EXTRA_S: what a loop adds: the Trainer and accelerate's set-up and MemfitCallback's own
+  estimate at on_train_begin (24 s on this project's 2 shared CPU cores, taken as 10 s on the
+  GPU machine's 16); a QLoRA random checkpoint (1 GB) written and loaded quantized; the 7B
+  model's 13.5 GB of storage and initialisation; generate's per-token Python overhead
   (GENERATE_TOKEN_S per new token and beam group).
 """
 
@@ -35,7 +37,7 @@ WORKER_START_S = 5.5
 FIRST_CONFIG_S = 8.2
 WARM_CONFIG_S = 2.0
 COMPUTE_FLOPS = {"16-bit": 110e12, "fp32": 22e12}
-LOOP_EXTRA_S = {"trainer": 4.0, "qlora": 15.0, "generate": 1.0, "full-7b": 6.0}
+LOOP_EXTRA_S = {"trainer": 14.0, "qlora": 15.0, "generate": 1.0, "full-7b": 6.0}
 GENERATE_TOKEN_S = 0.03
 #: Planned seconds a worker may take before the next configuration goes to a new one.
 WORKER_PLAN_S = 60.0
