@@ -85,7 +85,7 @@ def fused_dropout(args: Any, kwargs: Any) -> torch.Tensor | None:
     x, p = bound.get("input"), float(bound.get("p", 0.5))
     if not bound.get("training", True) or bound.get("inplace", False) or not 0.0 < p < 1.0:
         return None
-    if not _eligible(x) or x.numel() == 0:  # type: ignore[union-attr]
+    if not isinstance(x, torch.Tensor) or not _eligible(x) or x.numel() == 0:
         return None
     return torch.native_dropout(x, p, True)[0]
 
