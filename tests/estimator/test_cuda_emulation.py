@@ -412,3 +412,34 @@ def test_gpus_of_one_attention_class_pick_the_same_kernels() -> None:
     # Three classes among the catalog's GPUs: before 8.0, sm86/sm89, the rest of 8.0 and later.
     classes = {attention_class(g.compute_capability) for g in list_gpus()}
     assert classes == {(5, 0), (8, 6), (8, 0)}
+
+
+def test_training_dropout_saves_cudas_one_byte_mask():
+    # ATen Dropout.cpp: CUDA training dropout is native_dropout, which saves a bool mask
+    # (1 byte per element); the CPU path would save a noise tensor of the input's dtype.
+
+    from memfit.estimator.cuda_emulation import CudaEmulation
+
+    def saved_bytes(emulate: bool) -> int:
+        saved: list[int] = []
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved.append(t.numel() * t.element_size())
+            return t
+
+        x = torch.randn(16, 512, 768, dtype=torch.bfloat16, requires_grad=True)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            if emulate:
+                with CudaEmulation(dtype=None, capability=(9, 0)):
+                    F.dropout(x, p=0.1, training=True)
+            else:
+                F.dropout(x, p=0.1, training=True)
+        return sum(saved)
+
+    assert saved_bytes(emulate=True) == 16 * 512 * 768  # the bool mask: 6,291,456 B
+    assert saved_bytes(emulate=False) == 16 * 512 * 768 * 2  # CPU: a bf16 noise tensor
+    # p = 0 and evaluation keep PyTorch's path (the input itself, nothing saved).
+    x = torch.randn(4, 8, requires_grad=True)
+    with CudaEmulation(dtype=None, capability=(9, 0)):
+        assert F.dropout(x, p=0.0, training=True) is x
+        assert F.dropout(x, p=0.1, training=False) is x

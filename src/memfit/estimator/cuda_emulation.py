@@ -69,6 +69,27 @@ PROMOTE_OPS = frozenset(
 _SDPA_NAMES = frozenset({"scaled_dot_product_attention"})
 
 
+def fused_dropout(args: Any, kwargs: Any) -> torch.Tensor | None:
+    """`F.dropout` as CUDA runs it in training, or None where CUDA takes the CPU path too.
+
+    ATen Dropout.cpp `dropout`: on CUDA, `is_fused_kernel_acceptable` (a CUDA input, 0 < p < 1,
+    not empty) sends training dropout to `native_dropout`, which returns the output and a
+    bool mask, and autograd saves the 1-byte mask (`native_dropout_backward(grad, mask,
+    scale)`). On CPU the same call takes `_dropout_impl`: a noise tensor of the input's dtype
+    (`empty_like(input).bernoulli_(1 - p).div_(1 - p)`) saved by `input * noise`, two or four
+    bytes per element instead of one. In-place dropout keeps PyTorch's path.
+    """
+    names = ("input", "p", "training", "inplace")
+    bound = dict(zip(names, args, strict=False))
+    bound.update(kwargs)
+    x, p = bound.get("input"), float(bound.get("p", 0.5))
+    if not bound.get("training", True) or bound.get("inplace", False) or not 0.0 < p < 1.0:
+        return None
+    if not isinstance(x, torch.Tensor) or not _eligible(x) or x.numel() == 0:
+        return None
+    return torch.native_dropout(x, p, True)[0]
+
+
 def _eligible(t: object) -> bool:
     # autocast_mode.h is_eligible: a defined floating tensor that is not float64.
     return isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
@@ -110,6 +131,8 @@ class CudaEmulation(TorchFunctionMode):
         autocast_on = self.dtype is not None and self.enabled()
         if name in _SDPA_NAMES:
             return self._sdpa(args, kwargs, autocast_on)
+        if name == "dropout" and (fused := fused_dropout(args, kwargs)) is not None:
+            return fused
         if not autocast_on:
             return func(*args, **kwargs)
         if name == "cross_entropy":

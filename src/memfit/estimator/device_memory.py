@@ -31,6 +31,10 @@ from memfit.units import format_bytes
 
 #: The GPU assumed for context/workspace sizes and the attention kernel when none is named.
 
+#: aten ops that run through a cuBLAS(Lt) handle (CUDABlas.cpp gemm / bgemm / gemv callers).
+_CUBLAS_OPS = frozenset(
+    {"mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "_addmm_activation", "_scaled_mm"}
+)
 _CONV_OPS = ("convolution", "cudnn_convolution", "convolution_backward")
 
 
@@ -136,8 +140,12 @@ def add_workspaces(
 ) -> tuple[dict[int, StorageRecord], list[Event]]:
     """Insert the cuBLAS workspaces: `pairs` (1 or 2) allocations of `nbytes` each.
 
-    The first comes before the first forward event (the main thread's handle); a second
-    before the first backward event (the autograd engine's thread has its own handle).
+    A handle's workspace is allocated at its first cuBLAS call (CublasHandlePool.cpp
+    getCurrentCUDABlasHandle -> getNewWorkspace), after that op's output: the first is
+    inserted after the first forward matmul's allocation (the main thread's handle), a second
+    after the first backward matmul's (the autograd engine's thread has its own handle). A
+    phase without a matmul event (a trace cut short) gets it at its first event. The H200
+    ResNet-18 trace has them there: at the classifier's addmm and its backward mm.
     """
     if nbytes <= 0 or pairs <= 0:
         return records, events
@@ -146,7 +154,13 @@ def add_workspaces(
     for phase in ("forward", "backward")[:pairs]:
         # A generation's first model call is its "prefill" (memfit.estimator.generation).
         names = ("forward", "prefill") if phase == "forward" else (phase,)
-        at = next((i for i, ev in enumerate(new_events) if ev.phase in names), None)
+        at = next(
+            (i + 1 for i, ev in enumerate(new_events)
+             if ev.phase in names and ev.kind == ALLOC and ev.op.split(".")[0] in _CUBLAS_OPS),
+            None,
+        )  # fmt: skip
+        if at is None:
+            at = next((i for i, ev in enumerate(new_events) if ev.phase in names), None)
         if at is None:
             at = next(
                 (i for i, ev in enumerate(new_events) if ev.phase == "forward"), len(new_events)
@@ -202,7 +216,12 @@ def attach_device_memory(
     capacity = gpu.total_memory_bytes
     outside = overhead.outside_allocator_bytes()
     cudnn = overhead.item("cudnn_conv_workspace")
-    cudnn_bytes = cudnn.bytes if (cudnn and conv) else 0
+    # Traced per call (memfit.estimator.cudnn_workspace) when the trace holds them; the flat
+    # estimate only for traces made without that hook.
+    traced_cudnn = any(
+        r.category == Category.WORKSPACES and r.op.startswith(_CONV_OPS) for r in records.values()
+    )
+    cudnn_bytes = cudnn.bytes if (cudnn and conv and not traced_cudnn) else 0
     # The memory the traced tensors can get: the device less what the allocator never sees,
     # less the cuDNN workspace (allocated through it, but not part of the trace).
     allocator_capacity = capacity - outside - cudnn_bytes

@@ -32,6 +32,7 @@ from torch.utils import _pytree as pytree
 from memfit.errors import BadInputError, TraceError
 from memfit.estimator.collector import freeze_long_lived
 from memfit.estimator.cuda_emulation import CudaEmulation
+from memfit.estimator.cudnn_workspace import record_conv_workspaces
 from memfit.estimator.fake_distributed import fake_world
 from memfit.estimator.replay import by_units
 from memfit.estimator.trace_errors import trace_error as _trace_error
@@ -390,6 +391,7 @@ def _emulate_cuda(
     tracker: Tracker, w: Workload, low: torch.dtype, capability: tuple[int, int] | None
 ) -> CudaEmulation:
     """The CUDA emulation, switched on in each forward region (and checkpoint recompute)."""
+    tracker.op_workspaces = record_conv_workspaces  # cuDNN's, through the caching allocator
     emulation = CudaEmulation(
         dtype=low if w.autocast else None,
         capability=capability,

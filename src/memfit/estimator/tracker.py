@@ -133,17 +133,15 @@ class Tracker(TorchDispatchMode):
         #: Ops whose FLOP formula raised, with why: their FLOPs are left out of `flops`.
         self.uncounted_flops: dict[str, str] = {}
         self.certain_values: dict[int, bool] = {}  # sid -> its value (value_reads)
+        self.op_workspaces: Callable[[Tracker, str, Any, Any], None] | None = None  # cuDNN's
 
     def add_model(self, model: torch.nn.Module, block_paths: Iterable[str] = ()) -> None:
         """Name `model`'s modules by their paths in it (and their repeated-block owners)."""
         paths = list(block_paths)
         for name, mod in model.named_modules():
             self._names[id(mod)] = name
-            owner = -1
-            for i, p in enumerate(paths):
-                if name == p or name.startswith(p + "."):
-                    owner = i
-                    break
+            inside = (i for i, p in enumerate(paths) if name == p or name.startswith(p + "."))
+            owner = next(inside, -1)
             self._owner[id(mod)] = owner
             self._owner_by_name[name] = owner
 
@@ -285,6 +283,8 @@ class Tracker(TorchDispatchMode):
                     owner, module = origins[i] if i < len(origins) else origins[-1]
                     self._track(t, op=name, owner=owner, module=module)
         note_certain_value(self, func, args, out)
+        if self.op_workspaces is not None:
+            self.op_workspaces(self, name, args, out)
 
     def step_aside(self, where: str, error: BaseException) -> None:
         """A live tracker's own failure in `where`: stop recording (every later op passes
