@@ -88,7 +88,7 @@ def run_real_steps(
     """
     import torch
 
-    from memfit.estimator.step_runner import DTYPES, make_batch_for, step_loss
+    from memfit.estimator.trace.step_runner import DTYPES, make_batch_for, step_loss
     from memfit.models.sources import resolve_model
     from memfit.models.structure import find_repeated_blocks
     from memfit.techniques.checkpointing import checkpoint_blocks

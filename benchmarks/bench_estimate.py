@@ -245,7 +245,8 @@ def bench_memtracker(model_name: str) -> dict[str, Any]:
             loss = model(input_ids=input_ids, labels=labels).loss
             loss.backward()
             # memfit's step drops the loss and the batch before optimizer.step()
-            # (memfit/estimator/step_runner.py _one_step); do the same so the two trace the same
+            # (memfit/estimator/trace/step_runner.py _one_step); do the same so the two trace the
+            # same
             # program.
             del loss, input_ids, labels
             optimizer.step()

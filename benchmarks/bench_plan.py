@@ -79,7 +79,7 @@ def _run(src: Path, args: list[str], cache: Path | None, jobs: int | None = None
 
 #: What every command here imports before its first trace: all three trace a Llama model.
 FLOOR_IMPORTS = (
-    "import os, memfit.cli.app, memfit.estimator.step_runner, torch._dynamo;"
+    "import os, memfit.cli.app, memfit.estimator.trace.step_runner, torch._dynamo;"
     "from torch._subclasses.fake_tensor import FakeTensorMode;"
     "from transformers import LlamaForCausalLM;"
     "os._exit(0)"

@@ -131,3 +131,17 @@ def test_top_level_holds_only_the_shared_vocabulary() -> None:
         "__init__.py", "errors.py", "units.py", "events.py", "profile.py", "_compat.py",
         "precision.py",
     }  # fmt: skip
+
+
+#: The most modules a package folder holds beside its __init__ before it needs subfolders.
+MAX_MODULES_PER_FOLDER = 15
+
+
+def test_package_folders_stay_small() -> None:
+    crowded = {
+        str(d.relative_to(SRC)): n
+        for d in [SRC, *(p for p in SRC.rglob("*") if p.is_dir() and p.name != "__pycache__")]
+        if (n := len([f for f in d.glob("*.py") if f.name != "__init__.py"]))
+        > MAX_MODULES_PER_FOLDER
+    }
+    assert not crowded, f"folders over {MAX_MODULES_PER_FOLDER} modules (add subfolders): {crowded}"

@@ -26,7 +26,7 @@ from memfit.diagnosis.findings import Findings
 from memfit.errors import MemfitFailureWarning
 from memfit.estimator import flops
 from memfit.estimator.flops import count_flops
-from memfit.estimator.tracker import Tracker
+from memfit.estimator.trace.tracker import Tracker
 from memfit.guard import retry
 from memfit.measurement import measure as measure_module
 from memfit.measurement import phases

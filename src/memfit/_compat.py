@@ -106,7 +106,7 @@ def generate_keeps_all_ones_mask() -> bool:
     causal mask can be skipped (`_ignore_causal_mask_sdpa`) by reading it, after checking
     `is_tracing(padding_mask)`, and `is_tracing` counts a FakeTensor as tracing: on fake
     tensors the mask is never skipped, on the device it is (is_causal SDPA, the flash kernel).
-    memfit.estimator.generation_oracle.device_mask_checks restores the device's decision on
+    memfit.estimator.generation.oracle.device_mask_checks restores the device's decision on
     these versions; on 5.18+ no mask reaches the check.
     """
     return not transformers_at_least("5.18")

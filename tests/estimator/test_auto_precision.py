@@ -11,7 +11,7 @@ import torch
 import memfit
 from memfit.errors import BadInputError
 from memfit.estimator.auto_precision import resolve_precision
-from memfit.estimator.generation import trace_generation
+from memfit.estimator.generation.figures import trace_generation
 from memfit.models.sources import resolve_model
 from memfit.planner.limits import max_batch
 from memfit.planner.serving import serving_capacity

@@ -1,11 +1,11 @@
-"""The collector around traces (memfit.estimator.collector): no full collections within a
+"""The collector around traces (memfit.estimator.trace.collector): no full collections within a
 plan's search, and nothing frozen that a collection would free."""
 
 from __future__ import annotations
 
 import gc
 
-from memfit.estimator import collector
+from memfit.estimator.trace import collector
 from memfit.planner import search as search_module
 from memfit.planner.search import Goal, plan
 from tests.conftest import record_instances

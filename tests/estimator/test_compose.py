@@ -21,11 +21,11 @@ import memfit
 from memfit.estimator import compose, parallel
 from memfit.estimator.compose import ComposeMismatch, compose_optimizer, composition_matches
 from memfit.estimator.estimate import _short_trace, trace_spec
-from memfit.estimator.trace_cache import session
+from memfit.estimator.trace.cache import session
 from memfit.models.sources import resolve_model
 from memfit.planner import composed as composed_module
 from memfit.planner import search as search_module
-from memfit.planner.render import plan_to_json
+from memfit.planner.plan_text import plan_to_json
 from memfit.planner.search import Goal, plan
 from memfit.profile import MemoryProfile
 from memfit.workload import LoraConfig

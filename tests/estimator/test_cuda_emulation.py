@@ -19,12 +19,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-import memfit.estimator.step_runner as trace_mod
+import memfit.estimator.trace.step_runner as trace_mod
 from memfit import Workload
 from memfit.cuda.allocator_config import cuda_block_size
-from memfit.estimator.attention import EFFICIENT, FLASH, MATH, AttentionCall, choose_backend
-from memfit.estimator.cuda_emulation import CudaEmulation
-from memfit.estimator.tracker import Tracker
+from memfit.estimator.trace.attention import EFFICIENT, FLASH, MATH, AttentionCall, choose_backend
+from memfit.estimator.trace.cuda_emulation import CudaEmulation
+from memfit.estimator.trace.tracker import Tracker
 from memfit.events import ALLOC, FREE
 from memfit.profile import MemoryProfile
 from memfit.techniques.optimizer import host_state_keys, optimizer_for_trace
@@ -400,7 +400,7 @@ def test_gpus_of_one_attention_class_pick_the_same_kernels() -> None:
     """The trace cache keys on attention_class: each catalog capability (and the thresholds'
     neighbours) must pick, for every call, what its class picks."""
     from memfit.cuda.target import list_gpus
-    from memfit.estimator.attention import attention_class
+    from memfit.estimator.trace.attention import attention_class
 
     caps = {g.compute_capability for g in list_gpus()}
     caps |= {(3, 7), (5, 0), (6, 1), (7, 0), (7, 5), (8, 0), (8, 6), (8, 7), (8, 9), (9, 0),
@@ -418,7 +418,7 @@ def test_training_dropout_saves_cudas_one_byte_mask():
     # ATen Dropout.cpp: CUDA training dropout is native_dropout, which saves a bool mask
     # (1 byte per element); the CPU path would save a noise tensor of the input's dtype.
 
-    from memfit.estimator.cuda_emulation import CudaEmulation
+    from memfit.estimator.trace.cuda_emulation import CudaEmulation
 
     def saved_bytes(emulate: bool) -> int:
         saved: list[int] = []

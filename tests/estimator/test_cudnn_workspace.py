@@ -1,11 +1,11 @@
 """cuDNN convolution workspaces: one transient allocation per cuDNN call, sized from the
-operands (memfit.estimator.cudnn_workspace), checked against the H200 recorded trace."""
+operands (memfit.estimator.trace.cudnn_workspace), checked against the H200 recorded trace."""
 
 from __future__ import annotations
 
 import torch
 
-from memfit.estimator.cudnn_workspace import (
+from memfit.estimator.trace.cudnn_workspace import (
     WGRAD_SPLIT_K_BYTES,
     WORKSPACE_PAD_BYTES,
     conv_workspaces,
@@ -52,8 +52,8 @@ def test_other_ops_and_non_cudnn_convolutions_have_none():
 
 
 def test_a_traced_conv_step_records_each_workspace_freed_at_once():
-    from memfit.estimator.cudnn_workspace import record_conv_workspaces
-    from memfit.estimator.tracker import Tracker
+    from memfit.estimator.trace.cudnn_workspace import record_conv_workspaces
+    from memfit.estimator.trace.tracker import Tracker
     from memfit.events import ALLOC, FREE
 
     conv = torch.nn.Conv2d(3, 4, 3, bias=False)

@@ -1,4 +1,5 @@
-"""Decode steps extended from a few traced model calls (memfit.estimator.decode_extension):
+"""Decode steps extended from a few traced model calls
+(memfit.estimator.generation.decode_extension):
 the rebuilt stream equals the trace of every call, event for event, on tiny models (greedy and
 beam search, dynamic and static caches, with and without the block replay), and a stream that
 does not extend falls back to tracing every call, saying why."""
@@ -13,14 +14,18 @@ import pytest
 
 import memfit
 from memfit._compat import generate_keeps_all_ones_mask
-from memfit.estimator import decode_extension as de
-from memfit.estimator.decode_extension import (
+from memfit.estimator.generation import decode_extension as de
+from memfit.estimator.generation.decode_extension import (
     EXTEND_ABOVE,
     TRACED_CALLS,
     VERIFY_EXTRA,
     extend_decode,
 )
-from memfit.estimator.generation import filled_tracer, trace_generation, trace_generation_once
+from memfit.estimator.generation.figures import (
+    filled_tracer,
+    trace_generation,
+    trace_generation_once,
+)
 from memfit.models.sources import resolve_model
 from memfit.profile import MemoryProfile
 from tests.estimator.test_generation_real import gpt2_no_eos, tiny_llama
@@ -123,7 +128,7 @@ def test_extension_with_block_replay_equals_the_whole_trace(tmp_path: Path) -> N
     tr, blocks, replayed = trace_generation(spec, w, None)
     assert replayed and blocks == 6
     full = trace_generation_once(spec, w, None, num_layers=None, new_tokens=N).trace
-    from memfit.estimator.generation import name_phases
+    from memfit.estimator.generation.figures import name_phases
 
     name_phases(full)
     pa = MemoryProfile.from_events(tr.records, tr.events)

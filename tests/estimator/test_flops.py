@@ -7,7 +7,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import memfit
 from memfit.estimator.estimate import steady_flops, trace_spec
-from memfit.estimator.step_runner import run_trace
+from memfit.estimator.trace.step_runner import run_trace
 from memfit.models.sources import ModelSpec
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import memfit
 from memfit.techniques import FSDPConfig
-from memfit.techniques.fsdp import fsdp_config_of
+from memfit.techniques.parallel.fsdp import fsdp_config_of
 from tests.measurement.test_measure_fsdp import gpt2
 
 TOKENS, INNER, LAYERS = 4 * 32, 4 * 32, 2  # batch 4 x 32 tokens; GPT-2's MLP is 4 x n_embd

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import memfit
-from memfit.estimator.generation import trace_generation_once
+from memfit.estimator.generation.figures import trace_generation_once
 from memfit.models.sources import resolve_model
 from memfit.profile import MemoryProfile
 from tests.conftest import tiny_gpt2

@@ -1,5 +1,5 @@
 """cache="offloaded": transformers' DynamicCache(offloading=True), its copies to the host and back
-emulated on fake tensors (memfit.estimator.kv_cache_offload).
+emulated on fake tensors (memfit.estimator.generation.kv_cache_offload).
 
 By hand, on a 3-layer GQA llama (2 KV heads of 16, fp32, batch 2): one layer's keys or values
 hold 2 x 2 x 16 x 4 = 256 bytes per position. At the end of model call s (8 + s positions) the
@@ -14,10 +14,10 @@ import torch
 
 import memfit
 from memfit.errors import BadInputError
-from memfit.estimator.decode_extension import EXTEND_ABOVE, extend_decode
-from memfit.estimator.generation import CALL_END_OP, trace_generation, trace_generation_once
+from memfit.estimator.generation.decode_extension import EXTEND_ABOVE, extend_decode
+from memfit.estimator.generation.figures import CALL_END_OP, trace_generation, trace_generation_once
+from memfit.estimator.generation.kv_cache_offload import OP_TO_DEVICE, OP_TO_HOST
 from memfit.estimator.host_memory import power_of_two_ceil
-from memfit.estimator.kv_cache_offload import OP_TO_DEVICE, OP_TO_HOST
 from memfit.events import ALLOC
 from memfit.models.sources import resolve_model
 from tests.estimator.test_decode_extension import _same
@@ -109,7 +109,7 @@ def test_decode_steps_extend_exactly() -> None:
 def test_six_layer_model_is_traced_whole() -> None:
     # In the prefill only the last block prefetches (layer 0, for the next step: the others'
     # next layers are not filled yet), so the traced blocks differ and the block replay does
-    # not apply (memfit.estimator.replay refuses it); the whole model is traced.
+    # not apply (memfit.estimator.trace.block_replay refuses it); the whole model is traced.
     spec, w = resolve_model(tiny_llama(6)), _workload()
     _, blocks, replayed = trace_generation(spec, w, None)
     assert not replayed and blocks == 6

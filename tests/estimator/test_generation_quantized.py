@@ -1,6 +1,6 @@
 """cache="quantized": transformers' QuantizedCache (quanto backend, its defaults: 4 bits, groups
 of 64, a full-precision residual of up to 128 positions) with quanto's layout emulated
-(memfit.estimator.kv_cache_quantized).
+(memfit.estimator.generation.kv_cache_quantized).
 
 The KV figure by hand (packed bytes + scale and shift bytes + residual bytes); the emulated
 layout against optimum-quanto's own tensors, byte for byte; the whole trace against a real
@@ -19,8 +19,8 @@ import torch
 
 import memfit
 from memfit.errors import BadInputError
-from memfit.estimator import kv_cache_quantized as kq
-from memfit.estimator.generation import CALL_END_OP, trace_generation, trace_generation_once
+from memfit.estimator.generation import kv_cache_quantized as kq
+from memfit.estimator.generation.figures import CALL_END_OP, trace_generation, trace_generation_once
 from memfit.models.sources import resolve_model
 from memfit.profile import MemoryProfile
 from tests.estimator.test_generation_real import tiny_llama as real_llama

@@ -17,8 +17,8 @@ import torch
 import memfit
 from memfit.cuda.allocator_config import cuda_block_size
 from memfit.errors import BadInputError
-from memfit.estimator.generation import CALL_END_OP, prompt_len, trace_generation_once
-from memfit.estimator.kv_cache import kv_bytes, kv_geometry
+from memfit.estimator.generation.figures import CALL_END_OP, prompt_len, trace_generation_once
+from memfit.estimator.generation.kv_cache import kv_bytes, kv_geometry
 from memfit.models.sources import resolve_model
 from memfit.profile import MemoryProfile
 from tests.conftest import tiny_gpt2

@@ -17,10 +17,10 @@ from __future__ import annotations
 import pytest
 
 import memfit
-import memfit.estimator.cuda_emulation as ce
+import memfit.estimator.trace.cuda_emulation as ce
 from memfit._compat import generate_keeps_all_ones_mask
-from memfit.estimator.attention import FLASH
-from memfit.estimator.generation import trace_generation_once
+from memfit.estimator.generation.figures import trace_generation_once
+from memfit.estimator.trace.attention import FLASH
 from memfit.models.sources import resolve_model
 from memfit.profile import MemoryProfile
 
@@ -86,7 +86,7 @@ def test_generation_traces_the_device_run_on_every_stack(monkeypatch) -> None:
 def test_mask_checks_are_restored_after_the_trace(name: str) -> None:
     import transformers.masking_utils as mu
 
-    from memfit.estimator.generation_oracle import device_mask_checks
+    from memfit.estimator.generation.oracle import device_mask_checks
 
     before = getattr(mu, name)
     with device_mask_checks():

@@ -1,5 +1,5 @@
 """mode="generate" with tp > 1: rank 0 of a model sharded by transformers' own tensor-parallel
-plan over the fake process group (memfit.techniques.tensor_parallel).
+plan over the fake process group (memfit.techniques.parallel.tensor_parallel).
 
 Per-rank weights and KV bytes are computed by hand, tensor by tensor; a real `generate` of the
 same sharded model on 2 CPU processes (gloo) under memfit.measure equals the estimate.
@@ -16,7 +16,7 @@ import torch
 import memfit
 from memfit.cuda.allocator_config import cuda_block_size
 from memfit.errors import BadInputError
-from memfit.estimator.generation import CALL_END_OP, trace_generation, trace_generation_once
+from memfit.estimator.generation.figures import CALL_END_OP, trace_generation, trace_generation_once
 from memfit.events import Category
 from memfit.models.sources import resolve_model
 from memfit.profile import MemoryProfile
@@ -157,8 +157,8 @@ def _measured(beams: int, cache: str) -> MemoryProfile:
     outputs and move nothing), under memfit.measure."""
     from transformers.distributed.tensor_parallel import apply_tensor_parallelism
 
-    from memfit.estimator.fake_distributed import fake_world
-    from memfit.techniques.tensor_parallel import tp_plan_of
+    from memfit.estimator.trace.fake_distributed import fake_world
+    from memfit.techniques.parallel.tensor_parallel import tp_plan_of
 
     with fake_world(2) as mesh:
         model = tiny_llama()
@@ -203,7 +203,7 @@ def _gloo_rank(rank: int, store: str, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from transformers.distributed.tensor_parallel import apply_tensor_parallelism
 
-    from memfit.techniques.tensor_parallel import tp_plan_of
+    from memfit.techniques.parallel.tensor_parallel import tp_plan_of
 
     dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"file://{store}")
     try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 import memfit
-import memfit.estimator.step_runner as trace_mod
+import memfit.estimator.trace.step_runner as trace_mod
 from memfit.estimator.estimate import steady_flops
-from memfit.estimator.step_runner import run_trace
+from memfit.estimator.trace.step_runner import run_trace
 from memfit.models.sources import resolve_model
 from memfit.profile import MemoryProfile
 

@@ -14,7 +14,8 @@ import pytest
 
 import memfit
 from memfit.errors import BadInputError
-from memfit.estimator import parallel, trace_cache
+from memfit.estimator import parallel
+from memfit.estimator.trace import cache as trace_cache
 
 CFG = dict(
     model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128, hidden_size=64,

@@ -19,7 +19,7 @@ import pytest
 import memfit
 from memfit.estimator.estimate import trace_spec
 from memfit.estimator.predict import PredictMismatch, predict_micro_batch
-from memfit.estimator.trace_cache import session
+from memfit.estimator.trace.cache import session
 from memfit.models.sources import resolve_model
 from memfit.profile import MemoryProfile
 from memfit.workload import LoraConfig
@@ -53,7 +53,7 @@ def configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return write_configs(tmp_path_factory.mktemp("predict"))
 
 
-def _key(tr: memfit.estimator.step_runner.Trace) -> tuple:
+def _key(tr: memfit.estimator.trace.step_runner.Trace) -> tuple:
     p = MemoryProfile.from_events(tr.records, tr.events)
     phases = sorted((ph.step, ph.phase, ph.peak_bytes) for ph in p.phases)
     return (p.peak_allocated_bytes, p.breakdown, p.by_module, phases, p.timeline)

@@ -30,8 +30,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memfit import Workload
-from memfit.estimator.step_runner import materialize_fake, run_trace
-from memfit.estimator.tracker import Tracker
+from memfit.estimator.trace.step_runner import materialize_fake, run_trace
+from memfit.estimator.trace.tracker import Tracker
 from memfit.events import ALLOC, FREE
 from memfit.models.sources import resolve_model
 from memfit.profile import MemoryProfile
@@ -86,7 +86,7 @@ CASES = {
 
 
 def train(model, optimizer, make_batch, loss_fn, steps: int = 2, after_step=None) -> None:
-    """The clean loop memfit models (see memfit.estimator.step_runner)."""
+    """The clean loop memfit models (see memfit.estimator.trace.step_runner)."""
     for _ in range(steps):
         batch = make_batch()
         loss = loss_fn(model, batch)

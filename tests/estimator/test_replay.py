@@ -1,4 +1,5 @@
-"""Replay of repeated blocks (memfit.estimator.replay.expand) against a full trace of the same
+"""Replay of repeated blocks (memfit.estimator.trace.block_replay.expand) against a full trace of
+the same
 model.
 
 A model of N identical blocks is traced twice: fully, and with 3 blocks whose event stream is
@@ -24,8 +25,8 @@ import pytest
 import transformers
 
 from memfit import Workload
-from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch, expand
-from memfit.estimator.step_runner import run_trace
+from memfit.estimator.trace.block_replay import TRACED_BLOCKS, ReplayMismatch, expand
+from memfit.estimator.trace.step_runner import run_trace
 from memfit.models.sources import ModelSpec
 from memfit.profile import MemoryProfile
 

@@ -1,4 +1,4 @@
-"""The floor of a training step (memfit.estimator.resident) against whole-model traces.
+"""The floor of a training step (memfit.estimator.trace.resident) against whole-model traces.
 
 On a tiny llama and a tiny GPT-2 of 6 blocks (traced whole here, shortened to 3 blocks by the
 floor): the floor must equal the weights the whole trace registers plus the gradients of its
@@ -13,9 +13,9 @@ import pytest
 
 from memfit.estimator.device_memory import place_on_host
 from memfit.estimator.estimate import _short_trace, trace_spec
-from memfit.estimator.resident import got_gradient, resident_floor_bytes
-from memfit.estimator.step_runner import run_trace
-from memfit.estimator.trace_cache import caching
+from memfit.estimator.trace.cache import caching
+from memfit.estimator.trace.resident import got_gradient, resident_floor_bytes
+from memfit.estimator.trace.step_runner import run_trace
 from memfit.models.sources import resolve_model
 from memfit.profile import MemoryProfile
 from memfit.workload import LoraConfig, Workload

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from memfit.cuda.allocator_config import cuda_block_size
-from memfit.estimator.attention import EFFICIENT, MATH, additive_mask, efficient_mask
-from memfit.estimator.cuda_emulation import CudaEmulation
+from memfit.estimator.trace.attention import EFFICIENT, MATH, additive_mask, efficient_mask
+from memfit.estimator.trace.cuda_emulation import CudaEmulation
 from memfit.events import ALLOC
 from tests.estimator.test_cuda_emulation import Recorder
 

@@ -1,4 +1,4 @@
-"""The trace and plan cache (memfit.estimator.trace_cache, memfit.planner.plan_cache).
+"""The trace and plan cache (memfit.estimator.trace.cache, memfit.planner.plan_cache).
 
 The suite runs with the cache off (tests/conftest.py); these tests turn it on, each with its own
 folder. "A new process" is simulated by `forget()` (the memory copies dropped, the disk kept).
@@ -16,11 +16,11 @@ import memfit
 from memfit.cli.app import app
 from memfit.errors import BadInputError
 from memfit.estimator import estimate as estimate_module
-from memfit.estimator import trace_cache
 from memfit.estimator.estimate import trace_key, trace_spec
+from memfit.estimator.trace import cache as trace_cache
 from memfit.models.sources import resolve_model
 from memfit.planner import search as search_module
-from memfit.planner.render import plan_to_json, render_plan
+from memfit.planner.plan_text import plan_to_json, render_plan
 from memfit.planner.search import Goal
 from memfit.profile import MemoryProfile
 from tests.conftest import tiny_gpt2

@@ -27,7 +27,7 @@ import memfit
 from memfit import Workload
 from memfit.cuda.allocator_config import K_MIN_BLOCK_SIZE as CUDA_BLOCK_ROUNDING
 from memfit.cuda.allocator_config import cuda_block_size
-from memfit.estimator.step_runner import run_trace
+from memfit.estimator.trace.step_runner import run_trace
 from memfit.profile import MemoryProfile
 from tests.conftest import module_spec
 

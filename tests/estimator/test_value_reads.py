@@ -1,4 +1,5 @@
-"""Value reads a fake trace answers because the value is certain (memfit.estimator.value_reads):
+"""Value reads a fake trace answers because the value is certain
+(memfit.estimator.trace.value_reads):
 transformers < 5.18 reads `torch.rand([]) < layerdrop` in every training step of BART-like
 models, layerdrop 0 included; a uniform sample is never below 0."""
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memfit.estimator.tracker import Tracker
+from memfit.estimator.trace.tracker import Tracker
 
 
 class _LayerDrop(torch.nn.Module):

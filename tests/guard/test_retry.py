@@ -382,7 +382,7 @@ def test_find_batch_size_matches_the_estimate():
     model = deep_model()
     opt = optimizer_for_trace("sgd", list(model.parameters()))
 
-    def trial(batch: torch.Tensor) -> None:  # the step memfit.estimator.step_runner traces
+    def trial(batch: torch.Tensor) -> None:  # the step memfit.estimator.trace.step_runner traces
         out = model(batch)
         loss = out.float().sum()
         del out

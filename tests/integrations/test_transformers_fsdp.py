@@ -18,7 +18,7 @@ from memfit.errors import BadInputError  # noqa: E402
 from memfit.integrations._hf_args import read_run  # noqa: E402
 from memfit.integrations.transformers import MemfitCallback  # noqa: E402
 from memfit.techniques import FSDPConfig  # noqa: E402
-from memfit.techniques.fsdp import shard_model  # noqa: E402
+from memfit.techniques.parallel.fsdp import shard_model  # noqa: E402
 
 SEQ, BATCH, VOCAB = 32, 4, 256
 

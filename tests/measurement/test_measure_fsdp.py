@@ -132,7 +132,7 @@ def test_fsdp_estimate_replays_repeated_blocks():
     through the local shard, so 3 traced blocks replay to N and match a full trace."""
     import memfit
     from memfit.estimator.estimate import trace_spec
-    from memfit.estimator.step_runner import run_trace
+    from memfit.estimator.trace.step_runner import run_trace
     from memfit.models.sources import resolve_model
     from memfit.profile import MemoryProfile
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from memfit.errors import BadInputError
-from memfit.estimator.step_runner import make_batch_for
+from memfit.estimator.trace.step_runner import make_batch_for
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.workload import Workload
 from tests.conftest import TINY_BART

@@ -178,7 +178,7 @@ def test_names_hf_and_instances_round_trip() -> None:
 
 
 def test_unknown_names_and_settings_are_refused_by_name() -> None:
-    with pytest.raises(BadInputError, match="'adamx'.*adamw"):
+    with pytest.raises(BadInputError, match=r"'adamx'.*adamw"):
         spec_of("adamx")
     params = _params()
     with pytest.raises(BadInputError, match="RMSprop"):

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 import memfit
-from memfit.planner.render import apply_code
+from memfit.planner.plan_text import apply_code
 
 WORKLOADS = [
     dict(batch_size=16, grad_accum=1, seq_len=2048, precision="bf16-mixed",

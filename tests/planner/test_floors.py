@@ -15,7 +15,7 @@ import pytest
 
 from memfit.planner import floors
 from memfit.planner import search as search_module
-from memfit.planner.render import plan_to_json
+from memfit.planner.plan_text import plan_to_json
 from memfit.planner.search import Goal, plan
 
 COUNTS = {"seconds", "trace_seconds", "search_seconds", "from_cache", "evaluated", "traces"}

@@ -1,4 +1,4 @@
-"""`choose_gpu` (memfit.planner.hardware, `memfit gpus --for`): every GPU planned with
+"""`choose_gpu` (memfit.planner.gpus.ranking, `memfit gpus --for`): every GPU planned with
 `memfit.plan`, sorted by predicted tokens per second, costs from the user's price list."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from memfit.cli.app import app
 from memfit.errors import BadInputError
 from memfit.planner import search as search_module
-from memfit.planner.hardware import choose_gpu, read_prices
+from memfit.planner.gpus.ranking import choose_gpu, read_prices
 from memfit.planner.search import Goal, plan
 from tests.conftest import record_instances
 
@@ -92,7 +92,7 @@ def test_cli_options_without_for_are_errors():
 
 
 def test_cli_for_prints_the_table(tiny, tmp_path, monkeypatch):
-    import memfit.planner.hardware as hw
+    import memfit.planner.gpus.ranking as hw
 
     real = hw.list_gpus
     monkeypatch.setattr(hw, "list_gpus", lambda: [g for g in real() if g.name in ("t4", "l4")])
@@ -107,7 +107,7 @@ def test_cli_for_prints_the_table(tiny, tmp_path, monkeypatch):
 
 
 def test_cli_for_plans_the_distillation_with_the_teacher(tiny, monkeypatch):
-    import memfit.planner.hardware as hw
+    import memfit.planner.gpus.ranking as hw
 
     goals = []
     monkeypatch.setattr(hw, "choose_gpu", lambda model, goal, **kw: goals.append(goal) or [])

@@ -17,7 +17,7 @@ from memfit.planner.limits import (
     max_batch,
     max_seq,
 )
-from memfit.planner.render import limit_to_json, render_limit
+from memfit.planner.plan_text import limit_to_json, render_limit
 from tests.conftest import tiny_llama_config
 
 #: A small GPU (5.78 GiB), so that a tiny model's KV cache reaches it.

@@ -21,7 +21,7 @@ from memfit.cuda.target import get_gpu
 from memfit.models.sources import resolve_model
 from memfit.planner.advice import what_would_fit
 from memfit.planner.cost import step_cost
-from memfit.planner.render import apply_code
+from memfit.planner.plan_text import apply_code
 from memfit.planner.results import Candidate
 from memfit.planner.shapes import (
     PLAIN,
@@ -142,7 +142,7 @@ ELEMENTS = 2 * (WIDTH * 1536 + WIDTH * WIDTH + WIDTH * 2048 + 2048 * WIDTH)
 INS = 2 * (WIDTH + WIDTH + WIDTH + 2048)
 OUTS = 2 * (1536 + WIDTH + 2048 + WIDTH)
 #: bitsandbytes NF4 of those 8 weights: 2 elements a byte, one fp32 absmax per block of 64,
-#: and a 16-entry fp32 code table each (memfit.techniques.quantize_layouts.bnb_4bit).
+#: and a 16-entry fp32 code table each (memfit.techniques.quantize.layouts.bnb_4bit).
 NF4_BYTES = ELEMENTS // 2 + ELEMENTS // 64 * 4 + 8 * 16 * 4
 
 

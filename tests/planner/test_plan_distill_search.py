@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 import memfit
 from memfit.cli.app import app
-from memfit.planner.render import render_plan
+from memfit.planner.plan_text import render_plan
 from memfit.planner.results import Goal
 from memfit.planner.search import plan
 from tests.planner.test_plan_distill import SEQ, pair  # noqa: F401  (the fixture)

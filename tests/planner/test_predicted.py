@@ -12,12 +12,12 @@ import pytest
 import memfit
 from memfit.estimator import predict
 from memfit.estimator.estimate import trace_spec
-from memfit.estimator.trace_cache import session
+from memfit.estimator.trace.cache import session
 from memfit.models.sources import resolve_model
 from memfit.planner import limits
 from memfit.planner.composed import Composer
 from memfit.planner.limits import max_batch
-from memfit.planner.render import limit_to_json
+from memfit.planner.plan_text import limit_to_json
 from memfit.planner.shapes import Shape
 
 W = memfit.Workload(seq_len=512, precision="fp16-mixed", optimizer="sgd")

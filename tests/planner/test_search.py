@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 import memfit
 from memfit.cli.app import app
 from memfit.planner.limits import max_batch
-from memfit.planner.render import apply_code
+from memfit.planner.plan_text import apply_code
 from memfit.planner.search import Goal, plan
 from memfit.techniques import labels as technique_labels
 
@@ -194,7 +194,7 @@ def test_a_goal_for_accelerate_plans_its_fsdp_mixed_precision():
 def test_nothing_fits_without_pure_precision_widens_the_search_and_says_so():
     # gpt2 at 2 x 128 on a 2000 MiB budget: bf16-mixed keeps fp32 master weights and fp32
     # gradients (8 B/param before any optimizer state) and does not fit; pure bf16 does.
-    from memfit.planner.render import plan_to_json, render_plan
+    from memfit.planner.plan_text import plan_to_json, render_plan
 
     goal = Goal(global_batch=2, seq_len=128)
     # FSDP2's CPU offload makes bf16-mixed fit, and every mixed-precision stage comes before

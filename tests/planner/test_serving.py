@@ -11,7 +11,7 @@ import pytest
 import memfit
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
-from memfit.planner.render import render_serving, serving_to_json
+from memfit.planner.plan_text import render_serving, serving_to_json
 from memfit.planner.serving import scheduler_defaults, serving_capacity
 from tests.conftest import tiny_llama_config
 

@@ -201,7 +201,7 @@ def build() -> nn.Module:
 
 
 def clean_loop(model: nn.Module, opt: torch.optim.Optimizer, steps: int = 2) -> None:
-    """The step memfit.estimator.step_runner traces, on real tensors."""
+    """The step memfit.estimator.trace.step_runner traces, on real tensors."""
     for _ in range(steps):
         batch = torch.randn(BATCH, 64)
         out = model(batch)

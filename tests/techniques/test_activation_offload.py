@@ -1,4 +1,4 @@
-"""Activation offloading (memfit.techniques.activation_offload): the same gradients, the bytes
+"""Activation offloading (memfit.techniques.offload.activations): the same gradients, the bytes
 each way counted by hand, and the trace's host copies equal to what the real hooks copy.
 
 What a CPU run can show: on a CPU the "device" is the host, so save_on_cpu's copies are more CPU
@@ -17,10 +17,10 @@ import torch
 
 import memfit
 from memfit.errors import BadInputError
-from memfit.estimator.step_runner import run_trace
+from memfit.estimator.trace.step_runner import run_trace
 from memfit.models.sources import resolve_model
 from memfit.techniques import ActivationOffloadConfig
-from memfit.techniques.activation_offload import (
+from memfit.techniques.offload.activations import (
     OP_TO_DEVICE,
     OP_TO_HOST,
     offload_activations,

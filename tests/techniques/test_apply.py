@@ -336,7 +336,7 @@ def test_fsdp2_per_block_on_a_single_process_group():
 def test_offloaded_optimizer_steps_like_the_plain_one():
     """Optimizer state and update on CPU copies: the same weights as the plain optimizer, and
     the state is held by the CPU copies, not by the model's parameters."""
-    from memfit.techniques.offload import CpuOffloadOptimizer
+    from memfit.techniques.offload.cpu_optimizer import CpuOffloadOptimizer
 
     ref, model = tiny_gpt2(), tiny_gpt2()
     plain = apply_(ref, [OptimizerConfig(name="adamw", lr=0.01)])
@@ -384,7 +384,7 @@ def test_estimating_an_applied_model_traces_the_copy():
 
 
 def test_offloaded_optimizer_resumes_with_its_learning_rate_and_takes_groups():
-    from memfit.techniques.offload import CpuOffloadOptimizer
+    from memfit.techniques.offload.cpu_optimizer import CpuOffloadOptimizer
 
     model = tiny_gpt2()
     opt = CpuOffloadOptimizer(model.parameters(), lambda g: torch.optim.AdamW(g, lr=1.0))

@@ -1,4 +1,5 @@
-"""Knowledge distillation (memfit.techniques.distillation): the loss is Hinton's KD as TRL and
+"""Knowledge distillation (memfit.techniques.distillation.config): the loss is Hinton's KD as TRL
+and
 torchtune compute it, the chunked and top-k variants agree with it, and the estimate of a
 distillation step on a tiny teacher/student pair equals `memfit.measure` of the real step run by
 `apply_`, category by category.
@@ -23,7 +24,12 @@ import torch.nn.functional as F
 import memfit
 from memfit.errors import BadInputError
 from memfit.techniques import DistillationConfig
-from memfit.techniques.distillation import TOPK_IDS, TOPK_LOGITS, DistillationLoss, wrap_forward
+from memfit.techniques.distillation.config import (
+    TOPK_IDS,
+    TOPK_LOGITS,
+    DistillationLoss,
+    wrap_forward,
+)
 from tests.conftest import tiny_gpt2
 
 VOCAB, SEQ, BATCH = 128, 32, 4

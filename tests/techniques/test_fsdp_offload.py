@@ -2,7 +2,7 @@
 
 The trace runs the real FSDP2 with CPUOffloadPolicy over a fake process group (one rank of N,
 N = 1 included) and emulates the device copies a CPU mesh skips
-(memfit.techniques.fsdp_offload). Host: the parameter shards, the gradient shards and the
+(memfit.techniques.offload.fsdp_offload). Host: the parameter shards, the gradient shards and the
 optimizer state. Device: the shard copied up before each all-gather, the unsharded parameters
 while their unit runs, the unsharded gradients and the reduce-scatter buffers.
 """
@@ -16,10 +16,10 @@ import torch
 
 import memfit
 from memfit.estimator.host_memory import power_of_two_ceil
-from memfit.estimator.step_runner import run_trace
+from memfit.estimator.trace.step_runner import run_trace
 from memfit.models.sources import resolve_model
 from memfit.techniques import FSDPConfig, OptimizerConfig, configs_from_workload, labels
-from memfit.techniques.fsdp_offload import OP_GRAD_TO_HOST, OP_SHARD_TO_DEVICE
+from memfit.techniques.offload.fsdp_offload import OP_GRAD_TO_HOST, OP_SHARD_TO_DEVICE
 from tests.conftest import module_spec, tiny_gpt2
 
 #: The cuBLAS workspace the estimate adds for rtx-4090 (two handles: forward and backward).

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import memfit
-from memfit.estimator.step_runner import run_trace
+from memfit.estimator.trace.step_runner import run_trace
 from memfit.techniques import OptimizerConfig
 from tests.conftest import module_spec
 

@@ -12,8 +12,8 @@ import torch
 import memfit
 from memfit.errors import BadInputError
 from memfit.techniques import QuantizeConfig
-from memfit.techniques.quantize import prepare_kbit_casts
-from memfit.techniques.quantize_layouts import nbytes
+from memfit.techniques.quantize.config import prepare_kbit_casts
+from memfit.techniques.quantize.layouts import nbytes
 from tests.conftest import module_spec
 
 bnb = pytest.importorskip("bitsandbytes")

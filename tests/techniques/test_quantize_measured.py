@@ -19,7 +19,7 @@ import torch
 
 import memfit
 from memfit.techniques import QuantizeConfig
-from memfit.techniques.quantize_trace import QuantizedLinear
+from memfit.techniques.quantize.trace import QuantizedLinear
 from tests.conftest import module_spec
 
 bnb = pytest.importorskip("bitsandbytes")

@@ -14,8 +14,8 @@ transformers = pytest.importorskip("transformers")
 import memfit  # noqa: E402
 from memfit.errors import BadInputError  # noqa: E402
 from memfit.integrations._reading import BatchTemplate, meta_copy, spec_of_run  # noqa: E402
-from memfit.techniques.quantize_read import quantized_stand_ins  # noqa: E402
-from memfit.techniques.quantize_trace import QuantizedLinear  # noqa: E402
+from memfit.techniques.quantize.read import quantized_stand_ins  # noqa: E402
+from memfit.techniques.quantize.trace import QuantizedLinear  # noqa: E402
 
 SEQ, BATCH = 32, 2
 LAYERS = 14  # 2 blocks x (q, k, v, o, gate, up, down); lm_head stays in bf16 (transformers' rule)

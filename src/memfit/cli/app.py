@@ -2,8 +2,9 @@
 
 This module only builds the typer app from the verb modules and runs it; each verb lives in its
 own module (`estimate`, `plan`, `catalog`, `measure`, `doctor`, `find_batch`), which imports the
-shared exit codes from `memfit.cli._exit` and never this module. Exit codes: 0 success (fits, or
-no GPU named); 1 does not fit; 2 bad input (see `memfit.cli._exit`).
+shared exit codes from `memfit.cli.common.exits` and never this module. Exit codes: 0 success
+(fits, or
+no GPU named); 1 does not fit; 2 bad input (see `memfit.cli.common.exits`).
 """
 
 from __future__ import annotations

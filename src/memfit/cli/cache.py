@@ -1,6 +1,6 @@
 """`memfit cache`: where memfit keeps traces and plans, how much, and `--clear` to empty it.
 
-The cache itself is memfit.estimator.trace_cache (location, keys, what is stored).
+The cache itself is memfit.estimator.trace.cache (location, keys, what is stored).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from memfit.cli._exit import fail
+from memfit.cli.common.exits import fail
 from memfit.errors import BadInputError
 from memfit.units import format_bytes
 
@@ -22,7 +22,7 @@ def cache_command(
 ) -> None:
     """Where memfit caches traces and plans, and how much it holds (--clear empties it)."""
     # Here, not at the top: trace_cache reads the installed packages' versions.
-    from memfit.estimator import trace_cache
+    from memfit.estimator.trace import cache as trace_cache
 
     try:
         _show_or_clear(trace_cache, clear)

@@ -1,7 +1,7 @@
 """`memfit models` and `memfit gpus`: the built-in catalogs, as a table or as JSON (exit 0).
 
 `memfit gpus --for MODEL --global-batch B --seq S [--gpus N ...] [--prices FILE]` plans the job
-on every GPU of the catalog (memfit.planner.hardware.choose_gpu): whether it fits, the fastest
+on every GPU of the catalog (memfit.planner.gpus.ranking.choose_gpu): whether it fits, the fastest
 plan and its predicted tokens per second, sorted; with a price list, the cost per million
 tokens. Exit 0 when some GPU fits, 1 when none does, 2 on bad input.
 """
@@ -16,8 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
-from memfit.cli._exit import EXIT_DOES_NOT_FIT, fail
-from memfit.cli._workload_options import NoCache, skip_cache
+from memfit.cli.common.exits import EXIT_DOES_NOT_FIT, fail
+from memfit.cli.common.workload_options import NoCache, skip_cache
 from memfit.cuda.target import list_gpus
 from memfit.errors import MemfitError
 from memfit.units import format_bytes
@@ -93,7 +93,7 @@ def _for_model(model: str, global_batch: int, seq: int | None, counts: list[int]
 
     try:
         # Here, not at the top: the planner imports torch, which `memfit --help` must not.
-        from memfit.planner.hardware import choose_gpu
+        from memfit.planner.gpus.ranking import choose_gpu
         from memfit.planner.search import Goal
 
         goal = Goal(global_batch=global_batch, seq_len=seq, teacher=teacher)
@@ -101,7 +101,7 @@ def _for_model(model: str, global_batch: int, seq: int | None, counts: list[int]
                              forbid=_split(forbid))  # fmt: skip
     except (MemfitError, ImportError) as e:
         raise fail(str(e)) from None
-    from memfit.planner.hardware_render import describe_choice, gpu_choices_to_json
+    from memfit.planner.gpus.text import describe_choice, gpu_choices_to_json
 
     if as_json:
         typer.echo(json.dumps(gpu_choices_to_json(choices), indent=2))

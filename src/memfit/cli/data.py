@@ -19,8 +19,8 @@ from typing import Annotated, Any
 
 import typer
 
-from memfit.cli._exit import EXIT_DOES_NOT_FIT, EXIT_OK, fail
-from memfit.cli._workload_options import (
+from memfit.cli.common.exits import EXIT_DOES_NOT_FIT, EXIT_OK, fail
+from memfit.cli.common.workload_options import (
     DEFAULT,
     AllocConf,
     AsJson,
@@ -152,7 +152,7 @@ def _findings(
     fmt: str | None, split: str | None, top: int, options: dict[str, Any],
 ) -> Any:  # fmt: skip
     from memfit.data.budget import fit_length
-    from memfit.data.render import Findings
+    from memfit.data.report_text import Findings
     from memfit.data.vocab import coverage, vocab_savings
 
     tok = _tokenizer(tokenizer, model)
@@ -220,7 +220,7 @@ def data_command(
         found = _findings(path, model, gpu, tokenizer, field, fmt, split, top, options)
     except (MemfitError, ImportError) as e:
         raise fail(str(e)) from None
-    from memfit.data.render import findings_to_json, render_findings
+    from memfit.data.report_text import findings_to_json, render_findings
 
     typer.echo(json.dumps(findings_to_json(found), indent=2) if as_json else render_findings(found))
     nothing_fits = found.fit is not None and found.fit.limit.largest is None

@@ -16,12 +16,13 @@ from typing import Annotated
 
 import typer
 
-from memfit.cli._exit import EXIT_OK, fail
-from memfit.cli._script import check_script
+from memfit.cli.common.exits import EXIT_OK, fail
+from memfit.cli.common.script import check_script
 from memfit.errors import MemfitError
 from memfit.measurement.script_runner import EXIT_INTERRUPTED, ScriptFailed, run_script
 
-#: Exit status when the doctor found something or the script failed (0 and 2: memfit.cli._exit).
+#: Exit status when the doctor found something or the script failed (0 and 2:
+#: memfit.cli.common.exits).
 EXIT_FINDINGS = 1
 
 
@@ -35,7 +36,7 @@ def doctor_command(
     """Run a training script and find memory anti-patterns (graphs kept alive, growth, ...)."""
     # Here, not at the top: these import torch, which `memfit --help` must not.
     from memfit.diagnosis.doctor import doctor
-    from memfit.diagnosis.render import findings_to_json, render_findings
+    from memfit.diagnosis.findings_text import findings_to_json, render_findings
 
     try:
         check_script(script)  # a syntax error is bad input, not a finding

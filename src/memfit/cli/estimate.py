@@ -12,9 +12,9 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from memfit.cli._exit import EXIT_DOES_NOT_FIT, EXIT_OK, fail
-from memfit.cli._pictures import check_picture_paths, write_pictures
-from memfit.cli._workload_options import (
+from memfit.cli.common.exits import EXIT_DOES_NOT_FIT, EXIT_OK, fail
+from memfit.cli.common.pictures import check_picture_paths, write_pictures
+from memfit.cli.common.workload_options import (
     AllocConf,
     AsJson,
     Model,

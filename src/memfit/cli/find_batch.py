@@ -30,7 +30,7 @@ from typing import Annotated, Any
 import typer
 
 import memfit
-from memfit.cli._exit import EXIT_OK, fail
+from memfit.cli.common.exits import EXIT_OK, fail
 from memfit.errors import BadInputError, MemfitError
 
 EXIT_NOTHING_FITS = 1

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from memfit.cli._exit import EXIT_OK, fail
+from memfit.cli.common.exits import EXIT_OK, fail
 from memfit.errors import BadInputError
 
 if TYPE_CHECKING:
     from memfit.lint.finding import LintFinding
 
-#: Exit status when findings remain (0 and 2: memfit.cli._exit).
+#: Exit status when findings remain (0 and 2: memfit.cli.common.exits).
 EXIT_FINDINGS = 1
 
 

@@ -17,9 +17,9 @@ from typing import Annotated, Any
 
 import typer
 
-from memfit.cli._exit import EXIT_OK, fail
-from memfit.cli._pictures import check_picture_paths, said_snapshot, write_pictures
-from memfit.cli._script import check_script
+from memfit.cli.common.exits import EXIT_OK, fail
+from memfit.cli.common.pictures import check_picture_paths, said_snapshot, write_pictures
+from memfit.cli.common.script import check_script
 from memfit.errors import BadInputError, MemfitError
 from memfit.measurement.script_runner import ScriptFailed, run_script
 from memfit.report.compare import (

@@ -12,8 +12,8 @@ from typing import Annotated, Any
 
 import typer
 
-from memfit.cli._exit import EXIT_DOES_NOT_FIT, EXIT_OK, fail
-from memfit.cli._workload_options import (
+from memfit.cli.common.exits import EXIT_DOES_NOT_FIT, EXIT_OK, fail
+from memfit.cli.common.workload_options import (
     DEFAULT,
     AllocConf,
     AsJson,
@@ -88,7 +88,7 @@ def plan_command(
         )  # fmt: skip
     except (MemfitError, ImportError) as e:
         raise fail(str(e)) from None
-    from memfit.planner.render import plan_to_json, render_plan
+    from memfit.planner.plan_text import plan_to_json, render_plan
 
     if as_json:
         typer.echo(json.dumps(plan_to_json(result), indent=2))
@@ -135,7 +135,7 @@ def _limit_command(
                              progress=_progress_line(w.mode == "generate"))  # fmt: skip
     except (MemfitError, ImportError) as e:
         raise fail(str(e)) from None
-    from memfit.planner.render import limit_to_json, render_limit
+    from memfit.planner.plan_text import limit_to_json, render_limit
 
     typer.echo(json.dumps(limit_to_json(result), indent=2) if as_json else render_limit(result))
     raise typer.Exit(EXIT_OK if result.largest else EXIT_DOES_NOT_FIT)

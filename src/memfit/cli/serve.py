@@ -11,8 +11,8 @@ from typing import Annotated
 
 import typer
 
-from memfit.cli._exit import EXIT_DOES_NOT_FIT, EXIT_OK, fail
-from memfit.cli._workload_options import (
+from memfit.cli.common.exits import EXIT_DOES_NOT_FIT, EXIT_OK, fail
+from memfit.cli.common.workload_options import (
     AsJson,
     Gpu,
     Model,
@@ -82,7 +82,7 @@ def serve_command(
         )  # fmt: skip
     except (MemfitError, ImportError) as e:
         raise fail(str(e)) from None
-    from memfit.planner.render import render_serving, serving_to_json
+    from memfit.planner.plan_text import render_serving, serving_to_json
 
     typer.echo(json.dumps(serving_to_json(cap), indent=2) if as_json else render_serving(cap))
     raise typer.Exit(EXIT_OK if cap.concurrent_sequences >= 1 else EXIT_DOES_NOT_FIT)

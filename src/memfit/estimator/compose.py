@@ -29,9 +29,9 @@ from memfit.estimator.estimate import (
     replayable_blocks,
     trace_key,
 )
-from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch
-from memfit.estimator.step_runner import Trace, run_trace
-from memfit.estimator.trace_cache import cached_trace
+from memfit.estimator.trace.block_replay import TRACED_BLOCKS, ReplayMismatch
+from memfit.estimator.trace.cache import cached_trace
+from memfit.estimator.trace.step_runner import Trace, run_trace
 from memfit.events import ALLOC, Event
 from memfit.models.sources import ModelSpec
 from memfit.profile import MemoryProfile
@@ -165,7 +165,7 @@ def composed_trace(
 ) -> tuple[Trace, Trace] | None:
     """`w`'s `TRACED_BLOCKS`-block trace composed from that of `donor` (`w` with another
     optimizer) and an optimizer-only trace of `w`, with the donor's trace; None when it
-    cannot be composed. Both short traces are cached (memfit.estimator.trace_cache)."""
+    cannot be composed. Both short traces are cached (memfit.estimator.trace.cache)."""
     if composable(spec, w) is None or composable(spec, donor) is None:
         return None
     base = _short_trace(spec, donor, capability, TRACED_BLOCKS)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from memfit.estimator.step_runner import Trace
+from memfit.estimator.trace.step_runner import Trace
 from memfit.events import ALLOC, FREE, Category, Event, StorageRecord
 
 #: torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: the first rebuilt bucket's limit.

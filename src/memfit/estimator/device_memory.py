@@ -23,7 +23,7 @@ from memfit.cuda.overhead import cublas_workspace_bytes, device_overhead
 from memfit.cuda.target import DEFAULT_GPU, get_gpu
 from memfit.estimator.ddp import BUCKET_OP
 from memfit.estimator.host_memory import host_memory
-from memfit.estimator.step_runner import traced_micro_batches
+from memfit.estimator.trace.step_runner import traced_micro_batches
 from memfit.events import ALLOC, FREE, Category, Event, StorageRecord
 from memfit.profile import MemoryProfile
 from memfit.techniques.optimizer import paged_state_note
@@ -152,7 +152,7 @@ def add_workspaces(
     new_records = dict(records)
     new_events = list(events)
     for phase in ("forward", "backward")[:pairs]:
-        # A generation's first model call is its "prefill" (memfit.estimator.generation).
+        # A generation's first model call is its "prefill" (memfit.estimator.generation.figures).
         names = ("forward", "prefill") if phase == "forward" else (phase,)
         at = next(
             (i + 1 for i, ev in enumerate(new_events)
@@ -216,7 +216,7 @@ def attach_device_memory(
     capacity = gpu.total_memory_bytes
     outside = overhead.outside_allocator_bytes()
     cudnn = overhead.item("cudnn_conv_workspace")
-    # Traced per call (memfit.estimator.cudnn_workspace) when the trace holds them; the flat
+    # Traced per call (memfit.estimator.trace.cudnn_workspace) when the trace holds them; the flat
     # estimate only for traces made without that hook.
     traced_cudnn = any(
         r.category == Category.WORKSPACES and r.op.startswith(_CONV_OPS) for r in records.values()

@@ -18,11 +18,10 @@ from memfit.cuda.allocator_config import AllocatorConfig
 from memfit.cuda.gpus import card_notes
 from memfit.cuda.target import get_gpu, list_gpus
 from memfit.errors import BadInputError
-from memfit.estimator.attention import attention_class
 from memfit.estimator.auto_precision import resolve_precision
 from memfit.estimator.ddp import with_ddp_buckets
 from memfit.estimator.device_memory import attach_device_memory
-from memfit.estimator.generation import (
+from memfit.estimator.generation.figures import (
     generation_figures,
     prompt_len,
     trace_generation,
@@ -30,9 +29,9 @@ from memfit.estimator.generation import (
 )
 from memfit.estimator.host_memory import HostMemory
 from memfit.estimator.parallel import run_all
-from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch, expand
-from memfit.estimator.step_runner import Trace, run_trace, traced_micro_batches
-from memfit.estimator.trace_cache import (
+from memfit.estimator.trace.attention import attention_class
+from memfit.estimator.trace.block_replay import TRACED_BLOCKS, ReplayMismatch, expand
+from memfit.estimator.trace.cache import (
     cached_trace,
     check_environment,
     key_of,
@@ -40,10 +39,11 @@ from memfit.estimator.trace_cache import (
     pack_trace,
     unpack_trace,
 )
+from memfit.estimator.trace.step_runner import Trace, run_trace, traced_micro_batches
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.profile import MemoryProfile
-from memfit.techniques.activation_offload import offload_note
-from memfit.techniques.embedding_on_cpu import tied_embedding_message
+from memfit.techniques.offload.activations import offload_note
+from memfit.techniques.offload.embedding_on_cpu import tied_embedding_message
 from memfit.units import format_bytes
 from memfit.workload import Workload
 
@@ -164,10 +164,11 @@ def trace_spec(
 ) -> tuple[Trace, int, bool]:
     """Trace `spec`, replaying repeated blocks when possible; returns (trace, blocks, replayed).
 
-    The replay is used only when the traced blocks prove identical (see memfit.estimator.replay);
+    The replay is used only when the traced blocks prove identical (see
+    memfit.estimator.trace.block_replay);
     otherwise, and for models memfit cannot shorten (an nn.Module passed in), the whole model
     is traced. Options the model has no use for are refused first (`check_model_options`).
-    The result is cached (memfit.estimator.trace_cache) when the model can be named.
+    The result is cached (memfit.estimator.trace.cache) when the model can be named.
     """
 
     check_model_options(spec, w)
@@ -222,7 +223,7 @@ def _trace_spec(
 
 def replayable_blocks(spec: ModelSpec, w: Workload) -> int | None:
     """The model's block count when a trace of `TRACED_BLOCKS` of them may be replayed to all
-    (memfit.estimator.replay), else None: a model memfit cannot shorten, too few blocks,
+    (memfit.estimator.trace.block_replay), else None: a model memfit cannot shorten, too few blocks,
     blocks that differ (the first k checkpointed; layers that differ and repeat in no runs,
     memfit.models.layers: `spec.can_shorten` says so)."""
     n = spec.num_layers
@@ -235,7 +236,7 @@ def replayable_blocks(spec: ModelSpec, w: Workload) -> int | None:
 
 
 def _expanded(tr: Trace, n: int) -> Trace:
-    """The trace of `TRACED_BLOCKS` blocks expanded to `n` (memfit.estimator.replay)."""
+    """The trace of `TRACED_BLOCKS` blocks expanded to `n` (memfit.estimator.trace.block_replay)."""
     records, events = expand(tr.records, tr.events, n, tr.block_paths)
     extra = n - TRACED_BLOCKS
     return dataclasses.replace(

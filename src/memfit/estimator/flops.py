@@ -1,5 +1,5 @@
 """FLOPs of aten ops, counted with PyTorch's own formulas (torch.utils.flop_counter), as the
-tracker sees the ops run (memfit.estimator.tracker keeps them by step, phase and block).
+tracker sees the ops run (memfit.estimator.trace.tracker keeps them by step, phase and block).
 
 FLOPs are an estimate, never an assertion (DESIGN.md, "Never break the run"): grouped-query
 attention is counted as if K and V were expanded to the query's heads on every torch, and a

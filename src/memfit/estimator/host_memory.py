@@ -174,7 +174,8 @@ def _cpu_update_temporaries(records: dict[int, StorageRecord], w: Workload) -> s
 
 def _offload_copies(records: dict[int, StorageRecord], w: Workload) -> int:
     """Pinned blocks `CpuOffloadOptimizer` holds outside the traced stream: a CPU copy of each
-    trainable parameter and of its gradient (memfit.techniques.offload), each its own block."""
+    trainable parameter and of its gradient (memfit.techniques.offload.cpu_optimizer), each its own
+    block."""
     if not w.offload_optimizer:
         return 0
     last = max((r.step for r in records.values()), default=0)

@@ -3,7 +3,7 @@
 A trace is single-threaded Python (fake tensors dispatching through the tracker), so traces
 that do not depend on each other (the 3- and 4-block traces of a replay check, the shapes a
 plan will trace anyway) run in forked children and come back pickled in the trace cache's
-compact form (memfit.estimator.trace_cache.pack_trace). A child inherits everything imported
+compact form (memfit.estimator.trace.cache.pack_trace). A child inherits everything imported
 and built (torch, transformers, the fake-tensor caches), so it starts in milliseconds.
 
 Off unless `MEMFIT_JOBS=N` (N > 1) asks for it: whether cores run side by side cannot be

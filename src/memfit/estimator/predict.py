@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from memfit.estimator.step_runner import Trace
+from memfit.estimator.trace.step_runner import Trace
 from memfit.events import StorageRecord
 
 

@@ -18,7 +18,7 @@ autocast and in which 16-bit dtype.
 
 A model quantized by bitsandbytes (QLoRA: `Linear4bit` / `Linear8bitLt` layers) is copied with
 memfit's stand-in of each quantized layer, read from the layer's own settings
-(memfit.techniques.quantize_read).
+(memfit.techniques.quantize.read).
 
 Known limits (errors, never guesses): parameters sharded (DTensor, FSDP), quantized parameters
 outside bitsandbytes' linear layers, and an optimizer memfit has no layout for are refused
@@ -42,7 +42,7 @@ from memfit.models.loaded import dtype_counts, mark_as_loaded
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.models.structure import find_repeated_blocks
 from memfit.optimizers import name_of_instance
-from memfit.techniques.quantize_read import bnb_kind, quantized_stand_ins
+from memfit.techniques.quantize.read import bnb_kind, quantized_stand_ins
 
 __all__ = [
     "BatchTemplate",

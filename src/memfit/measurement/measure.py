@@ -1,6 +1,6 @@
 """`memfit.measure`: real memory of real steps, as the same `MemoryProfile` as an estimate.
 
-memfit's tracker (memfit.estimator.tracker.Tracker) runs over the real tensors of the user's
+memfit's tracker (memfit.estimator.trace.tracker.Tracker) runs over the real tensors of the user's
 loop, on the CPU or on CUDA: every storage allocated and freed, with its category, module, phase
 and op. Phases are found without the user's help:
 - "forward" starts when the model's forward is called (a new step after an optimizer step);
@@ -34,7 +34,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from memfit.errors import BadInputError, Failsafe
-from memfit.estimator.tracker import Tracker, memory_tensor, parameter_modules
+from memfit.estimator.trace.tracker import Tracker, memory_tensor, parameter_modules
 from memfit.events import Category
 from memfit.measurement.phases import PhaseHooks, guarded
 from memfit.models.structure import find_repeated_blocks

@@ -5,7 +5,7 @@
   another, as `CpuOffloadOptimizer` does, is one step), "zero_grad" after it;
 - "backward" is set by the tracker itself, when autograd runs a node.
 A transformers Cache passed to the model (`generate`'s `past_key_values`) is watched: the tensors
-its layers hold are filed as `kv_cache` (memfit.estimator.kv_cache.CacheWatcher, as in an
+its layers hold are filed as `kv_cache` (memfit.estimator.generation.kv_cache.CacheWatcher, as in an
 estimate).
 Without a model (a script), the outermost module called is taken as the model: its tensors are
 counted from its first call, and what was made since the last step and is still alive then is
@@ -25,8 +25,8 @@ from torch.optim.optimizer import (
 )
 from torch.utils import _pytree as pytree
 
-from memfit.estimator.kv_cache import CacheWatcher
-from memfit.estimator.tracker import Tracker
+from memfit.estimator.generation.kv_cache import CacheWatcher
+from memfit.estimator.trace.tracker import Tracker
 from memfit.events import Category
 from memfit.models.structure import find_repeated_blocks
 

@@ -1,7 +1,8 @@
 """The task (head) of a transformers model, read from transformers' own Auto mappings.
 
 A memfit task names a head memfit can feed and train: the batch it makes and the loss it traces
-follow from it (memfit.estimator.step_runner.make_batch_for). transformers lists the class of each
+follow from it (memfit.estimator.trace.step_runner.make_batch_for). transformers lists the class of
+each
 head of each ``model_type`` (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES["llama"] == "LlamaForCausalLM"``);
 reading those lists, rather than a table of memfit's or a guess from a class name's suffix, gives
 every model type transformers knows the tasks it really has.

@@ -1,7 +1,8 @@
 """The layers of a transformers model built from a config: shortened consistently, compared.
 
 memfit traces 3 of a model's N repeated layers and replays the middle one N - 3 times
-(memfit.estimator.replay). Two things make that honest for the configs transformers writes:
+(memfit.estimator.trace.block_replay). Two things make that honest for the configs transformers
+writes:
 
 - **Shortening.** A config describes its layers one by one in fields of their own, which
   transformers checks against `num_hidden_layers`: one entry per layer (`layer_types`,
@@ -156,7 +157,8 @@ def unit_layer_paths(
 ) -> list[str] | None:
     """For a model replayed by units of layers, built with the first `count` units (None: all),
     the paths of its layers: the tracer files events by layer, and
-    memfit.estimator.replay.by_units then by unit. None without units (the blocks are then the
+    memfit.estimator.trace.block_replay.by_units then by unit. None without units (the blocks are
+    then the
     model's stack of identical modules, memfit.models.structure.find_repeated_blocks)."""
     if units is None:
         return None
@@ -245,7 +247,8 @@ class LayerUnits:
         return 0 if layer < self.head else 1 + (layer - self.head) // self.period
 
 
-#: A replay traces 3 units and checks them against 4 (memfit.estimator.replay): a stack of
+#: A replay traces 3 units and checks them against 4 (memfit.estimator.trace.block_replay): a stack
+#: of
 #: fewer units is traced whole.
 _FEWEST_UNITS = 5
 

@@ -2,7 +2,7 @@
 one dtype a Workload's precision casts the whole model to.
 
 memfit's precision recipes cast every floating tensor to one dtype: fp32 master weights for
-"fp32" and "-mixed", the 16-bit dtype for "-true" (memfit.estimator.step_runner.
+"fp32" and "-mixed", the 16-bit dtype for "-true" (memfit.estimator.trace.step_runner.
 materialize_fake). A real run may hold several at once, and then no recipe describes it. The
 most common case is LoRA through peft on a 16-bit base: peft keeps the adapters in float32
 (`get_peft_model(..., autocast_adapter_dtype=True)`, its default), so the frozen base is bf16

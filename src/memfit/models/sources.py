@@ -129,7 +129,7 @@ class ModelSpec:
     extra: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     #: What builds the model, as text (catalog entry or config.json fields, head, input kind),
-    #: for the trace cache (memfit.estimator.trace_cache); None for a model memfit cannot name
+    #: for the trace cache (memfit.estimator.trace.cache); None for a model memfit cannot name
     #: that way (an nn.Module passed in, a factory's), which is never cached.
     cache_key: str | None = None
     #: True when `make_batch`'s batches, like memfit's own, hold one sequence per row and no
@@ -309,7 +309,8 @@ def _from_catalog(entry: CatalogModel, task: str | None) -> ModelSpec:
     )
 
 
-#: A stack of more layers than this may be replayed (memfit.estimator.replay traces 3 and
+#: A stack of more layers than this may be replayed (memfit.estimator.trace.block_replay traces 3
+#: and
 #: checks them against 4), so only then are its layers compared.
 _FEWEST_REPLAYED = 4
 

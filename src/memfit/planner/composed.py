@@ -64,7 +64,7 @@ class Composer:
         line = self.lines.get((shape, accumulating))
         if line is None:
             # Through `self._asking`, not this call's arguments: a composer shared by plans
-            # on several GPUs (memfit.planner.hardware) keeps no plan's search alive.
+            # on several GPUs (memfit.planner.gpus.ranking) keeps no plan's search alive.
             line = self.lines[(shape, accumulating)] = MicroBatchLine(
                 lambda m: self._exact_now(shape, m)
             )

@@ -1,7 +1,7 @@
 """Shapes the search need not trace: their weights and gradients alone exceed the GPU.
 
 A shape's device memory at any micro-batch and in any placement is at least what its step
-holds throughout (memfit.estimator.resident: the weights, and the gradients beside them when
+holds throughout (memfit.estimator.trace.resident: the weights, and the gradients beside them when
 the optimizer steps). When that floor is above the fit limit, tracing the shape can only say
 "does not fit", so the search counts it as failed without a trace, and it rules out every
 heavier shape as a failed trace would. A 7B plan on a 24 GB card skips six traces so.
@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from memfit.estimator.resident import got_gradient, resident_floor_bytes
+from memfit.estimator.trace.resident import got_gradient, resident_floor_bytes
 from memfit.models.sources import ModelSpec
 from memfit.planner.shapes import Shape
 from memfit.workload import Workload

@@ -4,7 +4,7 @@ The key holds everything `memfit.plan` reads: the model (as the trace cache name
 GPU, the goal, the GPU count, the techniques allowed and forbidden, the host RAM the plan
 checks against (this machine's when not given), and the code digest of the trace cache
 (memfit's source and the traced packages' versions). It lives beside the traces
-(memfit.estimator.trace_cache: same location, same `--no-cache` / MEMFIT_NO_CACHE switch).
+(memfit.estimator.trace.cache: same location, same `--no-cache` / MEMFIT_NO_CACHE switch).
 A plan whose model memfit cannot name (an nn.Module passed in) is never cached.
 
 A plan that differs in any input (another GPU, batch or sequence) is searched again, and
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memfit.estimator.host_memory import machine_ram_bytes
-from memfit.estimator.trace_cache import dumps_compact, key_of, lookup, store
+from memfit.estimator.trace.cache import dumps_compact, key_of, lookup, store
 from memfit.models.sources import ModelSpec, resolve_model
 
 

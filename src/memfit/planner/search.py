@@ -20,7 +20,7 @@ How the search stays fast:
   (no accumulation).
 - A shape that differs from a traced one only in the optimizer is composed from it
   (memfit.planner.composed), once a composition of that shape has equalled its real trace.
-- Traces are cached (memfit.estimator.trace_cache) and a repeated plan is read back
+- Traces are cached (memfit.estimator.trace.cache) and a repeated plan is read back
   (memfit.planner.plan_cache); with MEMFIT_JOBS the traces a stage needs in any case are
   made side by side (memfit.estimator.parallel).
 - A shape that does not fit at micro-batch 1 rules out every heavier shape: more precise
@@ -44,12 +44,12 @@ from typing import Any
 
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError, TraceError
-from memfit.estimator.attention import attention_class
-from memfit.estimator.collector import without_full_collections
 from memfit.estimator.estimate import estimate_from_trace, trace_spec
 from memfit.estimator.parallel import run_all, workers
-from memfit.estimator.step_runner import Trace
-from memfit.estimator.trace_cache import check_environment, pack_trace, session, unpack_trace
+from memfit.estimator.trace.attention import attention_class
+from memfit.estimator.trace.cache import check_environment, pack_trace, session, unpack_trace
+from memfit.estimator.trace.collector import without_full_collections
+from memfit.estimator.trace.step_runner import Trace
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.optimizers import DEFAULT_OPTIMIZER, spec_of
 from memfit.planner.advice import what_would_fit
@@ -404,8 +404,8 @@ def plan(
 
     `trace_cache` (a dict the caller keeps) shares traces between plans of the same model,
     goal and `n_gpus` on several GPUs: a trace depends on the GPU only through the attention
-    kernels its compute capability picks (memfit.estimator.attention.attention_class;
-    memfit.planner.hardware plans every GPU of the catalog).
+    kernels its compute capability picks (memfit.estimator.trace.attention.attention_class;
+    memfit.planner.gpus.ranking plans every GPU of the catalog).
 
     Example:
         >>> p = memfit.plan("llama-2-7b", gpu="rtx-4090", goal=Goal(global_batch=32, seq_len=2048))
@@ -455,7 +455,7 @@ def plan(
 
 def _in_session(search: Any, *args: Any) -> Plan:
     # The plan's own traces stay in memory even with the cache off; the collector is kept off
-    # them (memfit.estimator.collector).
+    # them (memfit.estimator.trace.collector).
     with session(), without_full_collections():
         return search(*args)
 

@@ -20,8 +20,8 @@ from memfit.estimator.estimate import Estimate
 from memfit.models.sources import resolve_model
 from memfit.optimizers import NO_OPTIMIZER, spec_of
 from memfit.planner.cost import StepWork
-from memfit.techniques.distillation import DTYPES, config_from_workload
-from memfit.techniques.quantize import QuantizeConfig, targets
+from memfit.techniques.distillation.config import DTYPES, config_from_workload
+from memfit.techniques.quantize.config import QuantizeConfig, targets
 
 
 def work_of(est: Estimate) -> StepWork:
@@ -101,10 +101,10 @@ def lean_work(est: Estimate) -> dict[str, int]:
 
 
 #: Bytes a position of offline distillation brings with the batch: K float32 logits and K int64
-#: token ids (memfit.techniques.distillation_trace.DistillationTrace.add_inputs).
+#: token ids (memfit.techniques.distillation.trace.DistillationTrace.add_inputs).
 OFFLINE_LOGIT_BYTES = 4 + 8
 #: HBM bytes LLM.int8 moves per token and feature of each int8 matmul, beyond its weights
-#: (memfit.techniques.quantize_trace._Bnb8bitMatmul, as bitsandbytes runs it on CUDA): per input
+#: (memfit.techniques.quantize.trace._Bnb8bitMatmul, as bitsandbytes runs it on CUDA): per input
 #: feature the 16-bit activation read and its int8 row written (2 + 1); per output feature the
 #: int32 product written and read, and its fp16 dequantized output written (4 + 4 + 2).
 INT8_BYTES_PER_INPUT_FEATURE = 3
@@ -152,7 +152,7 @@ def teacher_work(est: Estimate) -> tuple[int, dict[str, int]]:
 class QuantizedLinears:
     """The linear layers of a teacher that a method quantizes, summed: weight elements, input
     and output features, and the bytes of the library's storages of those weights (packed
-    data and scales, memfit.techniques.quantize_layouts)."""
+    data and scales, memfit.techniques.quantize.layouts)."""
 
     elements: int
     in_features: int
@@ -167,7 +167,7 @@ def quantized_linears(
     teacher: str, method: str, dtype: torch.dtype, attention: str = "sdpa"
 ) -> QuantizedLinears:
     """The linear layers of `teacher`, its weights in `dtype`, that `method` quantizes
-    (memfit.techniques.quantize.targets, as the trace and `apply_` choose them), from the
+    (memfit.techniques.quantize.config.targets, as the trace and `apply_` choose them), from the
     teacher built on the meta device. Kept per teacher config (`ModelSpec.cache_key`) for the
     plan's many candidates."""
     spec = resolve_model(teacher)

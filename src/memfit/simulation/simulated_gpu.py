@@ -2,7 +2,7 @@
 
 Every storage allocated while the context is active is malloc'ed in memfit's simulated CUDA
 caching allocator (`memfit.cuda.allocator`) and freed there when PyTorch releases it (a weakref
-finalizer, as in `memfit.estimator.tracker`). A malloc that does not fit raises
+finalizer, as in `memfit.estimator.trace.tracker`). A malloc that does not fit raises
 `torch.OutOfMemoryError` at that op with PyTorch's message, so OOM handling
 (`memfit.guard.retry`) runs on a laptop.
 
@@ -32,7 +32,8 @@ Categories: parameters, buffers, gradients (`.grad`), optimizer_state (in `optim
 activations (made in a module's forward, or after it until backward starts), temporaries (made
 in backward or in `optimizer.step()`), inputs (made outside all of these: usually the batch;
 after an OOM, until the next forward), workspaces. Modules come from global module hooks in
-forward and autograd-node tags in backward (memfit.estimator.tracker, Note: [Backward attribution]).
+forward and autograd-node tags in backward (memfit.estimator.trace.tracker, Note: [Backward
+attribution]).
 
 Limitations: one thread, one stream; storages on the meta device are ignored (fake tensors'
 are counted: see `memfit.simulation.fake_run`, which runs a trial on them); with
@@ -56,7 +57,7 @@ from memfit.cuda.allocator_oom import AllocatorOutOfMemoryError as _AllocatorFul
 from memfit.cuda.allocator_oom import OutOfMemory
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
-from memfit.estimator.tracker import META_KEY, SCALAR_CONSTANT_OPS, tag_graph
+from memfit.estimator.trace.tracker import META_KEY, SCALAR_CONSTANT_OPS, tag_graph
 from memfit.models.structure import find_repeated_blocks
 from memfit.simulation.capacity import simulated_capacity
 from memfit.simulation.fake_run import fake_tensors

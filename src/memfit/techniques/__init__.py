@@ -12,19 +12,19 @@ May import: `memfit.models`, `memfit.cuda` and the top level.
 """
 
 from memfit.techniques.accumulation import AccumulationConfig
-from memfit.techniques.activation_offload import ActivationOffloadConfig
 from memfit.techniques.checkpointing import CheckpointConfig
 from memfit.techniques.chunked_loss import ChunkedLossConfig
 from memfit.techniques.composition import TechniqueConfig, configs_from_workload, labels
-from memfit.techniques.data_parallel import DDPConfig
-from memfit.techniques.distillation import DistillationConfig
-from memfit.techniques.embedding_on_cpu import EmbeddingOnCpuConfig
+from memfit.techniques.distillation.config import DistillationConfig
 from memfit.techniques.freeze import FreezeConfig
-from memfit.techniques.fsdp import FSDPConfig
+from memfit.techniques.offload.activations import ActivationOffloadConfig
+from memfit.techniques.offload.embedding_on_cpu import EmbeddingOnCpuConfig
 from memfit.techniques.optimizer import OptimizerConfig
 from memfit.techniques.optimizer_in_backward import OptimizerInBackwardConfig
+from memfit.techniques.parallel.data_parallel import DDPConfig
+from memfit.techniques.parallel.fsdp import FSDPConfig
 from memfit.techniques.precision import PrecisionConfig
-from memfit.techniques.quantize import QuantizeConfig
+from memfit.techniques.quantize.config import QuantizeConfig
 from memfit.techniques.tie_embeddings import TieEmbeddingsConfig
 from memfit.workload import LoraConfig
 

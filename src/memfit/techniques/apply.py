@@ -27,19 +27,19 @@ import torch
 
 from memfit.errors import BadInputError
 from memfit.techniques.accumulation import AccumulationConfig
-from memfit.techniques.activation_offload import ActivationOffloadConfig
 from memfit.techniques.checkpointing import CheckpointConfig
 from memfit.techniques.chunked_loss import ChunkedLossConfig
 from memfit.techniques.composition import TechniqueConfig, configs_from_workload
-from memfit.techniques.data_parallel import DDPConfig
-from memfit.techniques.distillation import DistillationConfig
-from memfit.techniques.embedding_on_cpu import EmbeddingOnCpuConfig, move_model
+from memfit.techniques.distillation.config import DistillationConfig
 from memfit.techniques.freeze import FreezeConfig
-from memfit.techniques.fsdp import FSDPConfig
+from memfit.techniques.offload.activations import ActivationOffloadConfig
+from memfit.techniques.offload.embedding_on_cpu import EmbeddingOnCpuConfig, move_model
 from memfit.techniques.optimizer import DEFAULT_LR, OptimizerConfig
 from memfit.techniques.optimizer_in_backward import OptimizerInBackwardConfig
+from memfit.techniques.parallel.data_parallel import DDPConfig
+from memfit.techniques.parallel.fsdp import FSDPConfig
 from memfit.techniques.precision import PrecisionConfig
-from memfit.techniques.quantize import QuantizeConfig
+from memfit.techniques.quantize.config import QuantizeConfig
 from memfit.techniques.registry import Build, apply_one
 from memfit.techniques.tie_embeddings import TieEmbeddingsConfig
 from memfit.techniques.train_setup import TrainSetup

@@ -10,19 +10,19 @@ import torch
 from memfit.errors import BadInputError
 from memfit.models.sources import ModelSpec
 from memfit.techniques.accumulation import AccumulationConfig
-from memfit.techniques.activation_offload import ActivationOffloadConfig
 from memfit.techniques.checkpointing import CheckpointConfig
 from memfit.techniques.chunked_loss import ChunkedLossConfig
-from memfit.techniques.data_parallel import DDPConfig
-from memfit.techniques.distillation import DistillationConfig, config_from_workload
-from memfit.techniques.embedding_on_cpu import EmbeddingOnCpuConfig
+from memfit.techniques.distillation.config import DistillationConfig, config_from_workload
 from memfit.techniques.freeze import FreezeConfig, freeze
-from memfit.techniques.fsdp import FSDPConfig, fsdp_config_of
 from memfit.techniques.lora import add_lora_for_trace
+from memfit.techniques.offload.activations import ActivationOffloadConfig
+from memfit.techniques.offload.embedding_on_cpu import EmbeddingOnCpuConfig
 from memfit.techniques.optimizer import DEFAULT_LR, OptimizerConfig
 from memfit.techniques.optimizer_in_backward import OptimizerInBackwardConfig
+from memfit.techniques.parallel.data_parallel import DDPConfig
+from memfit.techniques.parallel.fsdp import FSDPConfig, fsdp_config_of
 from memfit.techniques.precision import PrecisionConfig
-from memfit.techniques.quantize import QuantizeConfig
+from memfit.techniques.quantize.config import QuantizeConfig
 from memfit.techniques.tie_embeddings import TieEmbeddingsConfig, tie_embeddings
 from memfit.workload import LoraConfig, Workload
 

@@ -27,7 +27,7 @@ from memfit.optimizers import (
     spec_of,
 )
 from memfit.precision import precision_of
-from memfit.techniques.offload import CpuOffloadOptimizer
+from memfit.techniques.offload.cpu_optimizer import CpuOffloadOptimizer
 from memfit.techniques.registry import Build, handler
 from memfit.workload import check_choice
 
@@ -49,7 +49,7 @@ class OptimizerConfig:
 
     Rows of another library (bitsandbytes, torchao, schedulefree) need it installed. With
     `offload`, the state and the update live on the CPU
-    (memfit.techniques.offload.CpuOffloadOptimizer).
+    (memfit.techniques.offload.cpu_optimizer.CpuOffloadOptimizer).
     """
 
     name: str = DEFAULT_OPTIMIZER

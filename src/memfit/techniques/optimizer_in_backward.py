@@ -185,7 +185,7 @@ def trace_hooks(
     owners: dict[int, tuple[int, str]],
     host_keys: frozenset[str],
 ) -> list[Any]:
-    """The hooks of the trace (memfit.estimator.step_runner). Each step runs in the
+    """The hooks of the trace (memfit.estimator.trace.step_runner). Each step runs in the
     "backward" phase, where it happens: its allocations belong to the parameter's block through
     the autograd node running (the parameter's AccumulateGrad), so the replay of repeated
     blocks copies each block's step with its backward. Host scalars (Adam's CPU step counters)

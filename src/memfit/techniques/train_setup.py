@@ -6,7 +6,8 @@ GradScaler with fp16), with its loss weighted by its share of the samples; the o
 once, then `zero_grad(set_to_none=True)`. No autograd graph outlives its backward: the loss is
 returned as a Python float, and outputs and losses are dropped before the next micro-batch.
 
-This is the loop memfit's estimate traces (memfit.estimator.step_runner), so the estimate is of
+This is the loop memfit's estimate traces (memfit.estimator.trace.step_runner), so the estimate is
+of
 this loop.
 
 Users with their own loop take the pieces:
@@ -30,7 +31,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from memfit.errors import BadInputError
-from memfit.techniques.data_parallel import unwrap
+from memfit.techniques.parallel.data_parallel import unwrap
 from memfit.techniques.weights_io import save_weights
 
 

@@ -181,7 +181,7 @@ class Workload:
         tp: tensor-parallel GPUs for generation (weights and KV heads split; one rank estimated).
         teacher: knowledge distillation from this teacher (a model source, as `model` takes
             it): each micro-batch runs the student, then the frozen teacher under no_grad, and
-            the KD loss of both logits (memfit.techniques.distillation). Training only.
+            the KD loss of both logits (memfit.techniques.distillation.config). Training only.
         teacher_precision: the teacher's weights, one of TEACHER_PRECISIONS; None: the
             student's compute dtype.
         teacher_quantize: the teacher's weights quantized, one of QUANTIZE.

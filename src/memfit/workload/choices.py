@@ -12,13 +12,13 @@ AUTO_PRECISION = "auto"  # no training: the checkpoint's dtype (memfit.estimator
 #: Optimizers: memfit.optimizers' table (one OptimizerSpec row each), then "none".
 OPTIMIZERS = _OPTIMIZERS
 
-#: Quantized base weights (`QuantizeConfig` in memfit.techniques.quantize says which library
+#: Quantized base weights (`QuantizeConfig` in memfit.techniques.quantize.config says which library
 #: layout each follows): bitsandbytes 4-bit NF4 / NF4 with double quantization / FP4, LLM.int8,
 #: torchao weight-only int8 and int4, and float8.
 QUANTIZE = ("nf4", "nf4-dq", "fp4", "int8", "int8-wo", "int4-wo", "fp8")
 
 MODES = ("train", "inference", "generate")
-#: Activation offloading variants (memfit.techniques.activation_offload): PyTorch's
+#: Activation offloading variants (memfit.techniques.offload.activations): PyTorch's
 #: `save_on_cpu(pin_memory=True)` (every saved tensor, parameters included) or torchtune's
 #: `OffloadActivations` filters (parameters and tensors under 1 KiB stay on the device).
 ACTIVATION_OFFLOAD = ("save_on_cpu", "torchtune")
@@ -34,7 +34,7 @@ CHECKPOINTING = ("off", "blocks")
 #: output under autocast.
 FSDP_MIXED = ("policy", "autocast", "accelerate")
 ATTENTION = ("sdpa", "eager")
-#: Knowledge-distillation losses (memfit.techniques.distillation): the KL divergence between
+#: Knowledge-distillation losses (memfit.techniques.distillation.config): the KL divergence between
 #: teacher and student over the vocabulary, over all positions at once or over chunks of them
 #: (each chunk's logits recomputed in backward).
 DISTILL_LOSSES = ("kl", "chunked-kl")

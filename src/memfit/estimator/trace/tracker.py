@@ -41,7 +41,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memfit._compat import aten_op
 from memfit.errors import Failsafe
 from memfit.estimator.flops import counted_flops
-from memfit.estimator.value_reads import certain_value, note_certain_value
+from memfit.estimator.trace.value_reads import certain_value, note_certain_value
 from memfit.events import ALLOC, FREE, RELEASE_OP, Category, Event, StorageRecord
 from memfit.techniques.checkpointing import region_listeners
 
@@ -250,9 +250,9 @@ class Tracker(TorchDispatchMode):
                 return _grouped_mm_other_dtype(*args, **kwargs)
             return func(*args, **kwargs)
         except DataDependentOutputException:
-            # A certain value is answered (memfit.estimator.value_reads). Optimizers read scalars
-            # for arithmetic only (Adafactor's RMS, found-inf checks): a neutral 1 stands in. In
-            # forward and backward a value can decide shapes, so it stays an error there.
+            # A certain value is answered (memfit.estimator.trace.value_reads). Optimizers read
+            # scalars for arithmetic only (Adafactor's RMS, found-inf checks): a neutral 1 stands
+            # in. In forward and backward a value can decide shapes, so it stays an error there.
             if (known := certain_value(self, func, args)) is not None:
                 return known
             if func is not torch.ops.aten._local_scalar_dense.default or self.phase in (

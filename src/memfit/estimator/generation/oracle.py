@@ -1,5 +1,6 @@
 """What `generate` reads from tensors a fake trace has no values for, answered as a generation of
-exactly `new_tokens` tokens from memfit's synthetic prompt answers it (memfit.estimator.generation).
+exactly `new_tokens` tokens from memfit's synthetic prompt answers it
+(memfit.estimator.generation.figures).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from memfit._compat import MIN_TRANSFORMERS_GENERATE, generate_keeps_all_ones_mask
 from memfit.errors import BadInputError, TraceError
-from memfit.estimator.tracker import Tracker
+from memfit.estimator.trace.tracker import Tracker
 
 #: The special tokens `GenerationMixin._prepare_special_tokens` turns into tensors
 #: (`generation_config._<name>_token_tensor` from `<name>_token_id`).

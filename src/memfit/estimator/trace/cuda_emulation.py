@@ -26,7 +26,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
-from memfit.estimator.attention import choose_backend, describe_call, run_sdpa
+from memfit.estimator.trace.attention import choose_backend, describe_call, run_sdpa
 
 # ATen/autocast_mode.h, AT_FORALL_LOWER_PRECISION_FP (CUDA list), by Python-level name.
 LOWER_PRECISION_OPS = frozenset(

@@ -355,8 +355,8 @@ def _prepare_teacher(teacher: torch.nn.Module, config: DistillationConfig,
     teacher.to(DTYPES[config.precision])  # floating parameters and buffers only
     teacher.requires_grad_(False)
     if config.quantize is not None:
-        from memfit.techniques.quantize import QuantizeConfig, targets
-        from memfit.techniques.quantize_real import quantize_in_place
+        from memfit.techniques.quantize.config import QuantizeConfig, targets
+        from memfit.techniques.quantize.real import quantize_in_place
 
         q = QuantizeConfig(method=config.quantize)
         names, _ = targets(teacher, q)

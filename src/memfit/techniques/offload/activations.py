@@ -93,7 +93,7 @@ _TRACING: list[Any] = []
 
 @contextlib.contextmanager
 def emulated_offload(tracker: Any) -> Iterator[None]:
-    """While tracing with `tracker` (memfit.estimator.tracker.Tracker), make the offload hooks
+    """While tracing with `tracker` (memfit.estimator.trace.tracker.Tracker), make the offload hooks
     act as on a CUDA device: a host copy marked host memory at pack time, a device copy at
     unpack time, both named by their pseudo-ops in the tracker's records."""
     _TRACING.append(tracker)

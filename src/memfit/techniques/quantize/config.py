@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from memfit.errors import BadInputError
-from memfit.techniques import quantize_layouts as layouts
+from memfit.techniques.quantize import layouts
 from memfit.techniques.registry import Build, handler
 from memfit.workload import QUANTIZE, check_choice
 
@@ -225,7 +225,7 @@ def lora_in_fp32(model: torch.nn.Module, config: QuantizeConfig) -> None:
 
 @handler
 def _quantize(config: QuantizeConfig, build: Build) -> None:
-    from memfit.techniques.quantize_real import quantize_in_place
+    from memfit.techniques.quantize.real import quantize_in_place
 
     names, kept = targets(build.model, config)
     quantize_in_place(build.model, config, build.device, names)

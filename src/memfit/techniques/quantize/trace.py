@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from memfit.errors import BadInputError
-from memfit.techniques.quantize import (
+from memfit.techniques.quantize.config import (
     BNB_INT8_THRESHOLD,
     QuantizeConfig,
     lora_in_fp32,
@@ -219,7 +219,7 @@ def quantize_for_trace(model: torch.nn.Module, config: QuantizeConfig, fake_mode
                        training: bool) -> list[str]:  # fmt: skip
     """Replace the chosen linear layers of a fake model by `QuantizedLinear`s, in place.
     Returns notes for the estimate (what stayed in full precision and why)."""
-    from memfit.techniques.quantize import check_layer
+    from memfit.techniques.quantize.config import check_layer
 
     if training and config.method == "int4-wo":
         raise BadInputError(

@@ -30,30 +30,30 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
 from memfit.errors import BadInputError, TraceError
-from memfit.estimator.collector import freeze_long_lived
-from memfit.estimator.cuda_emulation import CudaEmulation
-from memfit.estimator.cudnn_workspace import record_conv_workspaces
-from memfit.estimator.fake_distributed import fake_world
-from memfit.estimator.replay import by_units
-from memfit.estimator.trace_errors import trace_error as _trace_error
-from memfit.estimator.tracker import OwnerTrackingState, Tracker, parameter_modules
+from memfit.estimator.trace.block_replay import by_units
+from memfit.estimator.trace.collector import freeze_long_lived
+from memfit.estimator.trace.cuda_emulation import CudaEmulation
+from memfit.estimator.trace.cudnn_workspace import record_conv_workspaces
+from memfit.estimator.trace.errors import trace_error as _trace_error
+from memfit.estimator.trace.fake_distributed import fake_world
+from memfit.estimator.trace.tracker import OwnerTrackingState, Tracker, parameter_modules
 from memfit.events import Category, Event, StorageRecord
 from memfit.models.layers import unit_layer_paths
 from memfit.models.loaded import is_as_loaded
 from memfit.models.scans import scan_budget
 from memfit.models.sources import ModelSpec
 from memfit.models.structure import embedding_tied_to, find_repeated_blocks, input_embedding_path
-from memfit.techniques.activation_offload import emulated_offload, offload_for_trace
 from memfit.techniques.checkpointing import checkpoint_blocks
 from memfit.techniques.chunked_loss import chunk_loss_for_trace
 from memfit.techniques.composition import prepare_model
-from memfit.techniques.distillation_trace import for_trace as distillation_for_trace
-from memfit.techniques.fsdp import fsdp_config_of, shard_model
-from memfit.techniques.fsdp_offload import emulated_cpu_offload, mark_host_shards
+from memfit.techniques.distillation.trace import for_trace as distillation_for_trace
+from memfit.techniques.offload.activations import emulated_offload, offload_for_trace
+from memfit.techniques.offload.fsdp_offload import emulated_cpu_offload, mark_host_shards
 from memfit.techniques.optimizer import host_state_keys, mark_state, optimizer_for_trace
 from memfit.techniques.optimizer_in_backward import OptimizerInBackward, trace_hooks
 from memfit.techniques.optimizer_in_backward import for_trace as in_backward_for_trace
-from memfit.techniques.quantize_trace import LOGICAL_NUMEL, logical_numel, prepare_quantized
+from memfit.techniques.parallel.fsdp import fsdp_config_of, shard_model
+from memfit.techniques.quantize.trace import LOGICAL_NUMEL, logical_numel, prepare_quantized
 from memfit.techniques.train_setup import call_model
 from memfit.workload import Workload
 
@@ -450,7 +450,7 @@ def _layer_params(model: torch.nn.Module, path: str, *, trainable_only: bool) ->
 
 
 #: Where _traced_model leaves the notes of the model's preparation for the Trace, and the
-#: distillation teacher (memfit.techniques.distillation_trace) for the step.
+#: distillation teacher (memfit.techniques.distillation.trace) for the step.
 _NOTES = "_memfit_trace_notes"
 _DISTILL = "_memfit_trace_distillation"
 

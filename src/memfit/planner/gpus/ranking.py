@@ -3,7 +3,7 @@ its predicted throughput, and its cost from the user's own price list (`memfit g
 
 Every catalog GPU is planned with `memfit.plan` for the same model and goal, at each GPU count
 asked for. Traces are shared between GPUs whose compute capabilities pick the same attention
-kernels (a trace depends on the GPU only through that choice: memfit.estimator.attention.
+kernels (a trace depends on the GPU only through that choice: memfit.estimator.trace.attention.
 attention_class), so the catalog's 40 cards and 9 capabilities cost the traces of 3 classes
 (before 8.0, sm86/sm89, the other 8.0 and later). AMD cards (PyTorch's ROCm build) are
 skipped with a note: memfit models CUDA's context and library workspaces, not ROCm's
@@ -14,7 +14,7 @@ gpus` lists it, or an alias; the price of one GPU for one hour), read by `read_p
 of a million tokens is `n_gpus * price / 3600 / tokens_per_second * 1e6`.
 
 Example:
-    >>> from memfit.planner.hardware import choose_gpu
+    >>> from memfit.planner.gpus.ranking import choose_gpu
     >>> for c in choose_gpu("gpt2", memfit.Goal(global_batch=8, seq_len=512)):
     ...     print(c.gpu.name, c.fits, c.tokens_per_second)
 """

@@ -18,7 +18,8 @@ torch 2.13) one rank holds:
   the reduce-scatter's output until its shards are copied to the host.
 
 The estimator traces the real FSDP2 over a fake process group on a CPU mesh
-(memfit.estimator.fake_distributed), where the mesh's device is the CPU: both `.to()` calls are
+(memfit.estimator.trace.fake_distributed), where the mesh's device is the CPU: both `.to()` calls
+are
 no-ops, so the trace would show no shard copy on the device and would keep the gradients in the
 reduce-scatter output. `emulated_cpu_offload` patches the two points while it traces:
 `FSDPParam.all_gather_inputs` gets a device copy of the shard (op `OP_SHARD_TO_DEVICE`) in place

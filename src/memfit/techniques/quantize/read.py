@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from memfit.errors import BadInputError
-from memfit.techniques.quantize import QuantizeConfig
-from memfit.techniques.quantize_trace import QuantizedLinear
+from memfit.techniques.quantize.config import QuantizeConfig
+from memfit.techniques.quantize.trace import QuantizedLinear
 
 __all__ = ["bnb_kind", "quantized_stand_ins"]
 

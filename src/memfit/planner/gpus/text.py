@@ -1,14 +1,14 @@
-"""`memfit gpus --for` as table cells and JSON (memfit.planner.hardware's GpuChoice)."""
+"""`memfit gpus --for` as table cells and JSON (memfit.planner.gpus.ranking's GpuChoice)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from memfit.planner.render import _candidate_json, _describe
+from memfit.planner.plan_text import _candidate_json, _describe
 
 
 def describe_choice(c: Any) -> tuple[str, str, str, str]:
-    """A `memfit.planner.hardware.GpuChoice` as table cells: fits, tokens/s, $ per million
+    """A `memfit.planner.gpus.ranking.GpuChoice` as table cells: fits, tokens/s, $ per million
     tokens, and the plan (or why the GPU was not planned)."""
     if c.fits is None:
         return ("-", "-", "-", c.note)

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from memfit.errors import BadInputError
-from memfit.estimator.kv_cache import KVGeometry
+from memfit.estimator.generation.kv_cache import KVGeometry
 
 #: QuantoQuantizedLayer's defaults in transformers 5 (what generate builds without cache_config).
 NBITS = 4

@@ -31,7 +31,8 @@ def _fake_tensor_errors() -> tuple[type[BaseException], ...]:
 
 
 def trace_error(e: Exception, tracker: Any) -> TraceError:
-    """The TraceError for `e`, raised while `tracker` (memfit.estimator.tracker.Tracker) ran."""
+    """The TraceError for `e`, raised while `tracker` (memfit.estimator.trace.tracker.Tracker)
+    ran."""
     module, _ = tracker.context()
     op = tracker._op
     hint = (

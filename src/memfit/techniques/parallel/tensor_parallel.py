@@ -66,7 +66,8 @@ def tp_plan_of(model: torch.nn.Module, size: int) -> dict[str, str]:
 
 def check_heads(config: Any, size: int) -> None:
     """Each rank must hold whole heads: `size` divides the KV heads (and so the query heads,
-    a multiple of them), as memfit.estimator.kv_cache.check_tp says for catalog models."""
+    a multiple of them), as memfit.estimator.generation.kv_cache.check_tp says for catalog
+    models."""
     if hasattr(config, "get_text_config"):
         config = config.get_text_config(decoder=True)
     for field, what in (("num_key_value_heads", "KV heads"), ("num_attention_heads", "heads")):

@@ -1,4 +1,4 @@
-"""The trace-time preparation of knowledge distillation (memfit.techniques.distillation): the
+"""The trace-time preparation of knowledge distillation (memfit.techniques.distillation.config): the
 teacher built from its spec on fake tensors as the student is, cast and quantized as `apply_`
 casts and quantizes the user's teacher, its storages filed by the tracker, and the step's loss.
 
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from memfit.events import Category
-from memfit.techniques.distillation import (
+from memfit.techniques.distillation.config import (
     DTYPES,
     TOPK_IDS,
     TOPK_LOGITS,
@@ -108,8 +108,8 @@ def for_trace(
         teacher.requires_grad_(False)
         check_vocabularies(student, teacher)
         if config.quantize is not None:
-            from memfit.techniques.quantize import QuantizeConfig
-            from memfit.techniques.quantize_trace import quantize_for_trace
+            from memfit.techniques.quantize.config import QuantizeConfig
+            from memfit.techniques.quantize.trace import quantize_for_trace
 
             q = QuantizeConfig(method=config.quantize)
             notes += [f"teacher: {n}" for n in quantize_for_trace(teacher, q, fake_mode, False)]

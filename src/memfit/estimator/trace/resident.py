@@ -9,7 +9,8 @@ GPU without tracing it: a 7B model with fp32 master weights on a 24 GB card.
 
 The model is the one the trace would run (`step_runner._traced_model`: precision, LoRA, tied
 embeddings), built with `TRACED_BLOCKS` blocks on fake tensors (about 10 ms), its middle
-block counted as often as the replay copies it (memfit.estimator.replay). Which parameters
+block counted as often as the replay copies it (memfit.estimator.trace.block_replay). Which
+parameters
 receive a gradient is not read from the model (one a forward never reaches gets none); it is
 taken from a real trace of the same model whose parameters train alike (`got_gradient`), and
 without one the floor is the weights alone. No floor (None) where the step does not keep
@@ -24,9 +25,9 @@ from collections.abc import Sequence
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memfit.estimator.estimate import replayable_blocks
-from memfit.estimator.replay import TRACED_BLOCKS
-from memfit.estimator.step_runner import DTYPES, Trace, _traced_model
-from memfit.estimator.tracker import parameter_modules
+from memfit.estimator.trace.block_replay import TRACED_BLOCKS
+from memfit.estimator.trace.step_runner import DTYPES, Trace, _traced_model
+from memfit.estimator.trace.tracker import parameter_modules
 from memfit.models.sources import ModelSpec
 from memfit.models.structure import input_embedding_path
 from memfit.workload import Workload

@@ -3,7 +3,7 @@
 A trace is a pure function of what built and ran it: the model (its config and head), the
 workload (every field but the GPU's name and the host's RAM, which only the accounting after
 the trace reads), the GPU's class of compute capability (it picks the attention kernel:
-memfit.estimator.attention.attention_class), and the code:
+memfit.estimator.trace.attention.attention_class), and the code:
 memfit's own source, Python, torch, transformers, peft, bitsandbytes, torchao and accelerate.
 The key is a SHA-256 of all of them, so an edit to memfit or an upgrade of transformers misses the
 cache instead of reading a stale trace. A model memfit cannot name that way (an `nn.Module`
@@ -112,7 +112,7 @@ def code_digest() -> str:
     global _code_digest
     if _code_digest is None:
         h = hashlib.sha256()
-        root = Path(__file__).resolve().parents[1]
+        root = Path(__file__).resolve().parents[2]
         for path in sorted(root.rglob("*.py")):
             h.update(str(path.relative_to(root)).encode())
             h.update(path.read_bytes())

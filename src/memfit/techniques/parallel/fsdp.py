@@ -1,7 +1,7 @@
 """FSDP2 sharding: `fully_shard` on each repeated block, then on the root, over the default
 process group (or, for estimates, a fake one on a CPU mesh); optionally with FSDP2's
 `CPUOffloadPolicy` (parameters, gradients and optimizer state on the CPU; the trace's emulation
-of its device copies is memfit.techniques.fsdp_offload).
+of its device copies is memfit.techniques.offload.fsdp_offload).
 """
 
 from __future__ import annotations

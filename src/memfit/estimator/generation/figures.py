@@ -31,25 +31,25 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memfit._compat import generate_keeps_all_ones_mask
 from memfit.errors import BadInputError, TraceError
-from memfit.estimator import kv_cache_offload, kv_cache_quantized
 from memfit.estimator.auto_precision import check_resolved
-from memfit.estimator.decode_extension import (
+from memfit.estimator.generation import kv_cache_offload, kv_cache_quantized
+from memfit.estimator.generation.decode_extension import (
     CALL_END_OP,
     EXTEND_ABOVE,
     KV_LAYER_ATTR,
     TRACED_CALLS,
     extend_decode,
 )
-from memfit.estimator.fake_distributed import fake_world
-from memfit.estimator.generation_oracle import (
+from memfit.estimator.generation.kv_cache import CacheWatcher, check_tp, kv_geometry
+from memfit.estimator.generation.oracle import (
     GenerationTracker,
     Oracle,
     check_transformers_generate,
     device_mask_checks,
 )
-from memfit.estimator.kv_cache import CacheWatcher, check_tp, kv_geometry
-from memfit.estimator.replay import TRACED_BLOCKS, ReplayMismatch, expand
-from memfit.estimator.step_runner import (
+from memfit.estimator.trace.block_replay import TRACED_BLOCKS, ReplayMismatch, expand
+from memfit.estimator.trace.fake_distributed import fake_world
+from memfit.estimator.trace.step_runner import (
     _NOTES,
     DTYPES,
     Trace,
@@ -58,17 +58,17 @@ from memfit.estimator.step_runner import (
     _traced_model,
     _unpacked_synthetic_inputs,
 )
-from memfit.estimator.tracker import Tracker, parameter_modules
+from memfit.estimator.trace.tracker import Tracker, parameter_modules
 from memfit.events import ALLOC, Category, Event, StorageRecord
 from memfit.models.sources import ModelSpec
 from memfit.models.structure import embedding_tied_to, input_embedding_path
 from memfit.profile import MemoryProfile
-from memfit.techniques.quantize_trace import logical_numel
-from memfit.techniques.tensor_parallel import (
+from memfit.techniques.parallel.tensor_parallel import (
     check_tensor_parallel,
     parallelize_for_trace,
     real_waits,
 )
+from memfit.techniques.quantize.trace import logical_numel
 from memfit.workload import Workload
 
 _KV_LAYER = KV_LAYER_ATTR
@@ -239,7 +239,7 @@ def _traced_once(spec: ModelSpec, w: Workload, capability: tuple[int, int] | Non
             except (BadInputError, TraceError):
                 raise
             except Exception as e:  # an op the fake tracer cannot run
-                from memfit.estimator.step_runner import _trace_error
+                from memfit.estimator.trace.step_runner import _trace_error
 
                 raise _trace_error(e, tracker) from e
             finally:
@@ -333,7 +333,7 @@ class GenerationFigures:
             headroom below the fit limit over the device bytes per position: kv_bytes_per_token,
             or for an offloaded cache the two layers on the device at once); None otherwise.
         decode_extended: the decode steps were rebuilt from a few traced model calls
-            (memfit.estimator.decode_extension), not each traced.
+            (memfit.estimator.generation.decode_extension), not each traced.
     """
 
     prompt_len: int
@@ -413,10 +413,12 @@ def trace_generation(
 ) -> tuple[Trace, int, bool]:
     """Trace the generation of `w`; returns (trace, blocks, replayed) as `trace_spec` does.
 
-    Repeated blocks are replayed as for a step (memfit.estimator.replay): 3 of N layers are
+    Repeated blocks are replayed as for a step (memfit.estimator.trace.block_replay): 3 of N layers
+    are
     traced and expanded, checked against a 4-layer trace (same live-bytes timeline, event for
     event); otherwise the whole model is traced. Decode steps are extended from a few traced
-    model calls, checked against a longer trace (memfit.estimator.decode_extension); otherwise
+    model calls, checked against a longer trace (memfit.estimator.generation.decode_extension);
+    otherwise
     every call is traced. The phases are then named ("prefill", "decode"); the CALL_END_OP
     markers stay for `generation_figures`.
     """

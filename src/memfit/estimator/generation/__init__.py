@@ -1,0 +1,1 @@
+"""`mode="generate"`: transformers' own generate traced, KV caches, decode extension."""

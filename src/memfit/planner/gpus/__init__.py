@@ -1,0 +1,1 @@
+"""`memfit gpus --for`: GPUs ranked for a run, and their table and JSON."""

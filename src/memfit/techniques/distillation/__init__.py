@@ -1,0 +1,1 @@
+"""Knowledge distillation: the config and handler, and its trace."""

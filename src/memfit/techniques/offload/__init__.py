@@ -1,0 +1,1 @@
+"""Memory moved to the host: optimizer state, activations, the embedding, FSDP2 shards."""

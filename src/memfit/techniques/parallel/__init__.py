@@ -1,0 +1,1 @@
+"""Several GPUs: DDP, FSDP2 and tensor parallelism."""

@@ -1,0 +1,1 @@
+"""Quantized base weights: the config and handler, library layouts, reading and tracing."""
