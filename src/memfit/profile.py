@@ -6,7 +6,7 @@ peak, the peak of each phase, and the timeline. Device-level figures (reserved m
 allocator simulation, CUDA context and workspaces) are attached by `memfit.estimate`.
 
 Every byte count is an int. Block sizes are rounded as the CUDA caching allocator rounds them
-(`tracer.cuda_block_size`; in an estimate, the block the allocator simulation handed out, which
+(`memfit.cuda.allocator_config.cuda_block_size`; in an estimate, the block the allocator simulation handed out, which
 is larger when the rest of a block was too small to split off), so `peak_allocated_bytes` is
 what `torch.cuda.max_memory_allocated` would report.
 """
@@ -48,7 +48,7 @@ class MemoryProfile:
         peak_allocated_bytes: max over the step of live (rounded) bytes on the device.
         peak_index: index in `timeline` of that peak.
         peak_step, peak_phase, peak_op, peak_module: where the peak happens.
-        breakdown: bytes per category at the peak (keys of tracer.CATEGORIES).
+        breakdown: bytes per category at the peak (keys of memfit.events.CATEGORIES).
         by_module: bytes per allocating module path at the peak ("" is the top level).
         phases: the peak of each (step, phase).
         timeline: live bytes after each event (allocated), in event order.

@@ -1,6 +1,6 @@
 """A model loaded quantized by transformers and bitsandbytes (`BitsAndBytesConfig`), read back by
 the trainer callbacks' copy (`integrations._reading.meta_copy` with
-`techniques.quantize_read`): its estimate equals memfit's estimate of the same model quantized by
+`techniques.quantize.read`): its estimate equals memfit's estimate of the same model quantized by
 a Workload, storage for storage, and what memfit does not model is refused naming the layer."""
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ DEFAULT_MAX_POINTS = 4000
 @dataclass(frozen=True, kw_only=True)
 class CategoryTimeline:
     """Live device bytes after each event: `total` (== `profile.timeline`) and, for every
-    category of `tracer.CATEGORIES`, `by_category[c]`; at each index the categories sum to
+    category of `memfit.events.CATEGORIES`, `by_category[c]`; at each index the categories sum to
     `total`."""
 
     total: tuple[int, ...]

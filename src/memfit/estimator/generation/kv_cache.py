@@ -195,7 +195,7 @@ class CacheWatcher:
 
     def mark(self, t: torch.Tensor, layer: int) -> None:
         sid = self.tracker.sid_of(t)
-        # An offloaded layer's host copy stays host memory (estimator.kv_cache_offload).
+        # An offloaded layer's host copy stays host memory (estimator.generation.kv_cache_offload).
         host = sid is not None and self.tracker.records[sid].host
         self.tracker.mark(t, Category.KV_CACHE, host=host)
         if sid is not None:

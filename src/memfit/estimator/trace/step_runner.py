@@ -94,7 +94,7 @@ def materialize_fake(
     Floating parameters and buffers are cast to `dtype` when it is given (pure low precision),
     unless the model is marked as loaded (memfit.models.loaded): then each keeps its own dtype.
     Tied parameters stay tied (a tensor seen twice maps to the same fake); quantized storages
-    keep the element count they stand for (quantize_trace.LOGICAL_NUMEL).
+    keep the element count they stand for (memfit.techniques.quantize.trace.LOGICAL_NUMEL).
     """
     if is_as_loaded(model):
         dtype = None
