@@ -93,7 +93,8 @@ def checkpointing_training_argument() -> str:
 
 
 #: The oldest transformers whose `generate` memfit traces: `mode="generate"` patches
-#: `transformers.generation.utils.StopCheck` (memfit.estimator.generation.oracle.Oracle), which 5.17 introduced.
+#: `transformers.generation.utils.StopCheck` (memfit.estimator.generation.oracle.Oracle), which
+#: 5.17 introduced.
 MIN_TRANSFORMERS_GENERATE = Version("5.17")
 
 

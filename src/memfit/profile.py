@@ -6,7 +6,8 @@ peak, the peak of each phase, and the timeline. Device-level figures (reserved m
 allocator simulation, CUDA context and workspaces) are attached by `memfit.estimate`.
 
 Every byte count is an int. Block sizes are rounded as the CUDA caching allocator rounds them
-(`memfit.cuda.allocator_config.cuda_block_size`; in an estimate, the block the allocator simulation handed out, which
+(`memfit.cuda.allocator_config.cuda_block_size`; in an estimate, the block the allocator simulation
+handed out, which
 is larger when the rest of a block was too small to split off), so `peak_allocated_bytes` is
 what `torch.cuda.max_memory_allocated` would report.
 """

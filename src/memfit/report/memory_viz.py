@@ -12,7 +12,8 @@ Choices, where the format leaves room:
 - `segments` is the state at the end of the stream, as a real snapshot taken after the
   step: memory_viz replays `device_traces` backwards from it ("Allocator State History")
   and counts active blocks that no trace entry allocated as allocated before the trace.
-- Trace sizes are the sizes the profile counts (`memfit.cuda.allocator_config.cuda_block_size`: the request
+- Trace sizes are the sizes the profile counts (`memfit.cuda.allocator_config.cuda_block_size`: the
+request
   rounded up to 512 bytes), where PyTorch records the requested size, so the peak of the
   "Active Memory Timeline" is `profile.peak_allocated_bytes`. The requested size is each
   block's `requested_size`; a block the simulator hands out whole, or rounds further

@@ -11,9 +11,11 @@ is the prefill (phase "prefill"), steps 1.. are decode steps (phase "decode").
 
 Fake tensors have no values, so the few places where `generate` reads one are answered the way a
 generation of exactly `new_tokens` tokens from memfit's synthetic prompt (no padding, no special
-tokens) answers them (see memfit.estimator.generation.oracle.Oracle): no sequence stops before `max_new_tokens`,
+tokens) answers them (see memfit.estimator.generation.oracle.Oracle): no sequence stops before
+`max_new_tokens`,
 the worst case for memory. The quantized and offloaded caches run transformers' own code, with
-what fake CPU tensors cannot do emulated (estimator.generation.kv_cache_quantized, kv_cache_offload).
+what fake CPU tensors cannot do emulated (estimator.generation.kv_cache_quantized,
+kv_cache_offload).
 
 A generation of N tokens has N model calls. Only a few are traced (memfit.estimator.
 decode_extension extends the stream to N and checks the extension against a longer trace).
