@@ -21,47 +21,24 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from memfit.errors import BadInputError
-from memfit.techniques.accumulation import AccumulationConfig
-from memfit.techniques.checkpointing import CheckpointConfig
-from memfit.techniques.chunked_loss import ChunkedLossConfig
 from memfit.techniques.composition import TechniqueConfig, configs_from_workload
 from memfit.techniques.distillation.config import DistillationConfig
-from memfit.techniques.freeze import FreezeConfig
-from memfit.techniques.offload.activations import ActivationOffloadConfig
 from memfit.techniques.offload.embedding_on_cpu import EmbeddingOnCpuConfig, move_model
 from memfit.techniques.optimizer import DEFAULT_LR, OptimizerConfig
-from memfit.techniques.optimizer_in_backward import OptimizerInBackwardConfig
-from memfit.techniques.parallel.data_parallel import DDPConfig
 from memfit.techniques.parallel.fsdp import FSDPConfig
 from memfit.techniques.precision import PrecisionConfig
-from memfit.techniques.quantize.config import QuantizeConfig
 from memfit.techniques.registry import Build, apply_one
-from memfit.techniques.tie_embeddings import TieEmbeddingsConfig
+from memfit.techniques.table import ORDER
 from memfit.techniques.train_setup import TrainSetup
-from memfit.workload import LoraConfig, Workload
+from memfit.workload import Workload
 
-_ORDER = (
-    TieEmbeddingsConfig,  # before freezing: freezing a tied name freezes the shared matrix
-    FreezeConfig,
-    LoraConfig,
-    ChunkedLossConfig,  # before precision: autocast wraps the chunked forward
-    DistillationConfig,  # before precision: autocast wraps the student's forward
-    PrecisionConfig,
-    QuantizeConfig,  # on the device, after the cast (the quantization dtype), as traced
-    EmbeddingOnCpuConfig,
-    CheckpointConfig,
-    FSDPConfig,
-    ActivationOffloadConfig,  # outermost forward wrapper: all of forward is offloaded
-    DDPConfig,  # wraps the final model
-    AccumulationConfig,
-    OptimizerConfig,
-    OptimizerInBackwardConfig,  # after OptimizerConfig: it steps that optimizer in backward
-)
+#: The technique table's order (memfit.techniques.table: the reasons are beside its rows).
+_ORDER = ORDER
 
 
 def apply_(
@@ -149,7 +126,7 @@ def apply_(
 
 def _configs(obj: Any, lr: float) -> list[TechniqueConfig]:
     if isinstance(obj, _ORDER):
-        return [obj]
+        return [cast(TechniqueConfig, obj)]
     if isinstance(obj, Workload):
         return configs_from_workload(obj, lr=lr)
     workload = getattr(obj, "workload", None)

@@ -52,7 +52,6 @@ from memfit.estimator.generation.oracle import (
 from memfit.estimator.trace.block_replay import TRACED_BLOCKS, ReplayMismatch, expand
 from memfit.estimator.trace.fake_distributed import fake_world
 from memfit.estimator.trace.step_runner import (
-    _NOTES,
     DTYPES,
     Trace,
     _emulate_cuda,
@@ -190,8 +189,8 @@ def _traced_once(spec: ModelSpec, w: Workload, capability: tuple[int, int] | Non
                  mesh: Any) -> GenerationTrace:  # fmt: skip
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     low = DTYPES[w.compute_dtype_name]
-    model, blocks = _traced_model(spec, w, num_layers, fake_mode, low, None)
-    notes = model.__dict__.pop(_NOTES, [])
+    model, blocks, prepared = _traced_model(spec, w, num_layers, fake_mode, low, None)
+    notes = list(prepared.notes)
     if mesh is not None:  # as from_pretrained(distributed_config=DistributedConfig(tp_size=N))
         notes.append(parallelize_for_trace(model, w, mesh, fake_mode))
     config = getattr(model, "config", None)

@@ -63,7 +63,7 @@ def resident_floor_bytes(
         return None
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     low = DTYPES[w.compute_dtype_name]
-    model, blocks = _traced_model(spec, w, TRACED_BLOCKS, fake_mode, low, None)
+    model, blocks, _ = _traced_model(spec, w, TRACED_BLOCKS, fake_mode, low, None)
     if len(blocks) != TRACED_BLOCKS:
         return None
     module_of = parameter_modules(model)

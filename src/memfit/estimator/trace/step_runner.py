@@ -43,17 +43,13 @@ from memfit.models.loaded import is_as_loaded
 from memfit.models.scans import scan_budget
 from memfit.models.sources import ModelSpec
 from memfit.models.structure import embedding_tied_to, find_repeated_blocks, input_embedding_path
-from memfit.techniques.checkpointing import checkpoint_blocks
-from memfit.techniques.chunked_loss import chunk_loss_for_trace
-from memfit.techniques.composition import prepare_model
-from memfit.techniques.distillation.trace import for_trace as distillation_for_trace
-from memfit.techniques.offload.activations import emulated_offload, offload_for_trace
+from memfit.techniques.offload.activations import emulated_offload
 from memfit.techniques.offload.fsdp_offload import emulated_cpu_offload, mark_host_shards
 from memfit.techniques.optimizer import host_state_keys, mark_state, optimizer_for_trace
 from memfit.techniques.optimizer_in_backward import OptimizerInBackward, trace_hooks
 from memfit.techniques.optimizer_in_backward import for_trace as in_backward_for_trace
-from memfit.techniques.parallel.fsdp import fsdp_config_of, shard_model
-from memfit.techniques.quantize.trace import LOGICAL_NUMEL, logical_numel, prepare_quantized
+from memfit.techniques.quantize.trace import LOGICAL_NUMEL, logical_numel
+from memfit.techniques.table import TraceContext, prepare_for_trace
 from memfit.techniques.train_setup import call_model
 from memfit.workload import Workload
 
@@ -263,12 +259,12 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
                num_layers: int | None, mesh: Any, run_step: Any) -> Trace:  # fmt: skip
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     low = DTYPES[w.compute_dtype_name]
-    model, blocks = _traced_model(spec, w, num_layers, fake_mode, low, mesh)
+    model, blocks, prepared = _traced_model(spec, w, num_layers, fake_mode, low, mesh)
     scans = scan_budget(model, w.seq_len or 512, w.steps * traced_micro_batches(w), spec.name)
     if scans is not None:  # a trace that takes long says so first (memfit.models.scans)
         log.warning(scans.line())
-    notes = model.__dict__.pop(_NOTES, [])
-    distill = model.__dict__.pop(_DISTILL)  # the teacher, or None
+    notes = list(prepared.notes)
+    distill = prepared.teacher  # the teacher, or None
     notes += distill.notes if distill is not None else []
     params = list(dict.fromkeys(model.parameters()))
     trainable = [p for p in params if p.requires_grad]
@@ -348,43 +344,33 @@ def _traced_model(
     fake_mode: FakeTensorMode,
     low: torch.dtype,
     mesh: Any,
-) -> tuple[torch.nn.Module, list[str]]:
+) -> tuple[torch.nn.Module, list[str], TraceContext]:
     """The model as the workload runs it, on fake tensors: built (on meta when memfit owns
-    it), LoRA / frozen / tied, cast, checkpointed, sharded; and its repeated blocks."""
+    it), LoRA / frozen / tied, cast, checkpointed, sharded; its repeated blocks; and what the
+    technique hooks left (notes, a distillation's teacher)."""
     if spec.owns_model:
         with torch.device("meta"):
             model = spec.build(num_layers, w.attention)
     else:
         model = spec.build(num_layers, w.attention)
-    model = prepare_model(model, w, spec)  # LoRA / freeze (on meta or user module)
+    fake = functools.partial(_materialize_with, fake_mode)
+    ctx = TraceContext(spec=spec, fake_mode=fake_mode, mesh=mesh, materialize=fake)
+    # The technique table's hooks, stage by stage, in its one order: tie / freeze / LoRA on
+    # meta (or the user's module); quantized linears after the cast, as a QLoRA user's model
+    # is; then forward wrappers and sharding, once the repeated blocks are known.
+    model = prepare_for_trace(model, w, ctx, "model")
     model = materialize_fake(
         model, fake_mode, low if w.pure_low_precision else torch.float32, not spec.owns_model
     )
-    # Quantized linears (after LoRA and the cast, as a QLoRA user's model is); notes kept.
-    model.__dict__[_NOTES] = prepare_quantized(model, w, fake_mode)
-    blocks = find_repeated_blocks(model)
+    model = prepare_for_trace(model, w, ctx, "storage")
+    ctx.blocks = find_repeated_blocks(model)
     layers = unit_layer_paths(model, spec.layer_units, num_layers)  # files events by layer
-    if w.checkpointing == "blocks":
-        if not blocks:
-            raise BadInputError(
-                f"checkpointing='blocks' needs a stack of repeated blocks, and {spec.name!r} has "
-                "none (no nn.ModuleList/nn.Sequential of identical modules)."
-            )
-        chosen = blocks if w.checkpoint_first is None else blocks[: w.checkpoint_first]
-        checkpoint_blocks(model, chosen)
-    if mesh is not None:
-        with fake_mode:
-            fsdp = fsdp_config_of(w)
-            shard_model(model, fsdp, mesh=mesh, pin_memory=False)
-    chunk_loss_for_trace(model, w)  # forward wrappers, as apply_ orders them
-    fake = functools.partial(_materialize_with, fake_mode)
-    model.__dict__[_DISTILL] = distillation_for_trace(model, w, fake_mode, fake)  # a teacher
-    offload_for_trace(model, w)
+    model = prepare_for_trace(model, w, ctx, "wrap")
     model.train(w.training)
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "use_cache"):
         config.use_cache = False
-    return model, blocks if layers is None else layers
+    return model, ctx.blocks if layers is None else layers, ctx
 
 
 def _emulate_cuda(
@@ -451,8 +437,6 @@ def _layer_params(model: torch.nn.Module, path: str, *, trainable_only: bool) ->
 
 #: Where _traced_model leaves the notes of the model's preparation for the Trace, and the
 #: distillation teacher (memfit.techniques.distillation.trace) for the step.
-_NOTES = "_memfit_trace_notes"
-_DISTILL = "_memfit_trace_distillation"
 
 
 @contextlib.contextmanager
