@@ -10,6 +10,7 @@ from memfit.estimator.estimate import Estimate
 from memfit.profile import MemoryProfile
 from memfit.report.text import rule_of_thumb_bytes
 from memfit.techniques import labels as technique_labels
+from memfit.workload import LoraConfig, Workload
 
 
 def profile_json(profile: MemoryProfile, **extra: Any) -> dict[str, Any]:
@@ -87,6 +88,41 @@ def generation_json(est: Estimate) -> dict[str, Any]:
     }
 
 
+#: Workload fields the contract's "workload" object holds under their own names, besides the ones
+#: `estimate_json` lists with the estimate's facts (so that the object rebuilds the Workload).
+_MORE_FIELDS = ("checkpoint_first", "freeze", "steps", "host_memory", "prompt_len", "new_tokens",
+                "num_beams", "cache", "teacher", "teacher_precision", "teacher_quantize",
+                "distill_loss", "teacher_top_k")  # fmt: skip
+#: The contract's keys that are Workload fields by the same name.
+_WORKLOAD_KEYS = ("batch_size", "seq_len", "image_size", "mode", "precision", "optimizer",
+                  "grad_accum", "checkpointing", "attention", "gpu", "gpus", "ddp", "fsdp_mixed",
+                  "tp", "quantize", "prepare_kbit", "optimizer_in_backward", "offload_optimizer",
+                  "offload_activations", "chunked_loss", "embedding_on_cpu", "tie_embeddings",
+                  "fsdp_cpu_offload", *_MORE_FIELDS)  # fmt: skip
+
+
+def _other_fields(w: Any) -> dict[str, Any]:
+    lora = None
+    if w.lora is not None:
+        targets = w.lora.targets
+        lora = {"rank": w.lora.rank, "alpha": w.lora.alpha,
+                "targets": [targets] if isinstance(targets, str) else list(targets)}  # fmt: skip
+    more = {k: getattr(w, k) for k in _MORE_FIELDS}
+    more["freeze"] = list(w.freeze)
+    return {"lora": lora, **more}
+
+
+def workload_from_json(obj: dict[str, Any]) -> Workload:
+    """The Workload an estimate's JSON "workload" object describes (`estimate_json`)."""
+    fields = {k: obj[k] for k in _WORKLOAD_KEYS if k in obj}
+    fields["freeze"] = tuple(fields.get("freeze") or ())
+    lora = obj.get("lora")
+    if lora is not None:
+        fields["lora"] = LoraConfig(rank=lora["rank"], alpha=lora["alpha"],
+                                    targets=tuple(lora["targets"]))  # fmt: skip
+    return Workload(**fields)
+
+
 def estimate_json(est: Estimate) -> dict[str, Any]:
     """The stable JSON contract of `memfit estimate --json` (see shared/DESIGN.md)."""
     w = est.workload
@@ -132,6 +168,7 @@ def estimate_json(est: Estimate) -> dict[str, Any]:
             "embedding_on_cpu": w.embedding_on_cpu,
             "tie_embeddings": w.tie_embeddings,
             "fsdp_cpu_offload": w.fsdp_cpu_offload,
+            **_other_fields(w),
             "repeated_blocks": est.num_blocks,
             "replayed": est.replayed,
         },
