@@ -145,3 +145,18 @@ def test_package_folders_stay_small() -> None:
         > MAX_MODULES_PER_FOLDER
     }
     assert not crowded, f"folders over {MAX_MODULES_PER_FOLDER} modules (add subfolders): {crowded}"
+
+
+def test_other_packages_use_the_estimators_public_face() -> None:
+    inside = []
+    for name, path in _modules().items():
+        if name == "memfit.estimator" or name.startswith("memfit.estimator."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                targets = [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            inside += [f"{name} imports {t}" for t in targets if t.startswith("memfit.estimator.")]
+    assert not inside, "import these from memfit.estimator:\n" + "\n".join(sorted(inside))

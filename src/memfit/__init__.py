@@ -19,7 +19,7 @@ from memfit.workload import LoraConfig, Workload
 if TYPE_CHECKING:
     from memfit.diagnosis.doctor import Doctor, doctor
     from memfit.diagnosis.findings import Finding
-    from memfit.estimator.estimate import Estimate, estimate
+    from memfit.estimator import Estimate, estimate
     from memfit.guard.batch_search import BatchSearch, find_batch_size
     from memfit.guard.retry import oom_guard
     from memfit.measurement.measure import Measurement, measure

@@ -22,7 +22,7 @@ def cache_command(
 ) -> None:
     """Where memfit caches traces and plans, and how much it holds (--clear empties it)."""
     # Here, not at the top: trace_cache reads the installed packages' versions.
-    from memfit.estimator.trace import cache as trace_cache
+    from memfit.estimator import trace_cache
 
     try:
         _show_or_clear(trace_cache, clear)

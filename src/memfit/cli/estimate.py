@@ -56,7 +56,7 @@ def estimate_command(
     # The library imports are here, not at the top: they import torch, which `memfit --help`
     # must not (and inside the try, a missing optional dependency is bad input, exit 2).
     try:
-        from memfit.estimator.estimate import estimate
+        from memfit.estimator import estimate
 
         if accelerate_config is not None:
             from memfit.integrations.accelerate_config import merge_options

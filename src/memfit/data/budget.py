@@ -125,6 +125,6 @@ def token_budget(
 
 
 def _fits(model: Any, w: Workload, gpu: str, task: str | None, alloc_conf: str | None) -> bool:
-    from memfit.estimator.estimate import estimate
+    from memfit.estimator import estimate
 
     return bool(estimate(model, w, gpu=gpu, task=task, alloc_conf=alloc_conf).fits)

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from memfit.cuda.allocator_config import AllocatorConfig, cuda_block_size
@@ -22,7 +22,7 @@ from memfit.cuda.gpus import fit_limit
 from memfit.cuda.overhead import cublas_workspace_bytes, device_overhead
 from memfit.cuda.target import DEFAULT_GPU, get_gpu
 from memfit.estimator.ddp import BUCKET_OP
-from memfit.estimator.host_memory import host_memory
+from memfit.estimator.host_memory import HostMemory, host_memory
 from memfit.estimator.trace.step_runner import traced_micro_batches
 from memfit.events import ALLOC, FREE, Category, Event, StorageRecord
 from memfit.profile import MemoryProfile
@@ -178,28 +178,40 @@ def uses_convolution(events: list[Event]) -> bool:
     return any(ev.op.startswith(_CONV_OPS) for ev in events if ev.kind == ALLOC)
 
 
-def attach_device_memory(
-    est: Any, records: dict[int, StorageRecord], events: list[Event], *,
-    alloc_conf: AllocatorConfig | None = None, n_gpus: int = 1,
-) -> MemoryProfile:  # fmt: skip
-    """Fill `est.profile` (built here) with reserved and device memory, and `est.fits`."""
+@dataclass(frozen=True)
+class DeviceMemory:
+    """What the device holds for a traced stream: the profile with reserved and device totals,
+    the host RAM, the per-category device bytes, the CUDA overheads, the verdict on a named GPU
+    (`fits`, `oom`) and the notes they call for."""
 
-    gpu = est.gpu or get_gpu(DEFAULT_GPU)
-    w = est.workload
-    records = place_on_host(
-        records,
-        optimizer_on_cpu=w.optimizer_on_cpu,
-        embedding_path=getattr(est, "embedding_path", None) if w.embedding_on_cpu else None,
-    )
+    profile: MemoryProfile
+    host: HostMemory
+    records_summary: dict[str, int]
+    overhead: Any
+    device_total_range: tuple[int, int]
+    fits: bool | None
+    oom: str | None
+    notes: tuple[str, ...]
+
+
+def device_memory(
+    records: dict[int, StorageRecord], events: list[Event], w: Any, *, gpu: Any,
+    embedding_path: str | None, alloc_conf: AllocatorConfig | None = None, n_gpus: int = 1,
+) -> DeviceMemory:  # fmt: skip
+    """The device memory of a traced stream on `gpu` (None: the default GPU's overheads, no
+    verdict): the allocator replayed, CUDA's context and workspaces added."""
+    named = gpu
+    gpu = gpu or get_gpu(DEFAULT_GPU)
+    notes: list[str] = []
+    emb = embedding_path if w.embedding_on_cpu else None
+    records = place_on_host(records, optimizer_on_cpu=w.optimizer_on_cpu, embedding_path=emb)
     if (paged := paged_state_note(records)) is not None:
-        est.notes.append(paged)
-    est.host = host_memory(
-        records, events, w, embedding_path=est.embedding_path if w.embedding_on_cpu else None
-    )
+        notes.append(paged)
+    host = host_memory(records, events, w, embedding_path=emb)
     conv = uses_convolution(events)
     overhead = device_overhead(gpu, n_gpus=n_gpus, uses_conv=conv, training=w.training)
     cublas = overhead.item("cublas_workspace")
-    est.records_summary = summarize(records, est.embedding_path, micro_batches(w))
+    records_summary = summarize(records, embedding_path, micro_batches(w))
     if cublas is not None:  # device_overhead decided how many (handle, stream) pairs
         per_pair = cublas_workspace_bytes(gpu)
         records, events = add_workspaces(records, events, per_pair, cublas.bytes // per_pair)
@@ -216,8 +228,8 @@ def attach_device_memory(
     capacity = gpu.total_memory_bytes
     outside = overhead.outside_allocator_bytes()
     cudnn = overhead.item("cudnn_conv_workspace")
-    # Traced per call (memfit.estimator.trace.cudnn_workspace) when the trace holds them; the flat
-    # estimate only for traces made without that hook.
+    # Traced per call (memfit.estimator.trace.cudnn_workspace) when the trace holds them; the
+    # flat estimate only for traces made without that hook.
     traced_cudnn = any(
         r.category == Category.WORKSPACES and r.op.startswith(_CONV_OPS) for r in records.values()
     )
@@ -225,7 +237,7 @@ def attach_device_memory(
     # The memory the traced tensors can get: the device less what the allocator never sees,
     # less the cuDNN workspace (allocated through it, but not part of the trace).
     allocator_capacity = capacity - outside - cudnn_bytes
-    run, failed = _replay(stream, cfg, capacity, allocator_capacity, bounded=est.gpu is not None)
+    run, failed = _replay(stream, cfg, capacity, allocator_capacity, bounded=named is not None)
     # Allocated as PyTorch counts it: whole blocks (a block is not split when the rest would
     # be too small), not requested bytes.
     profile = MemoryProfile.from_events(records, events, block_bytes=run.block_bytes)
@@ -244,28 +256,31 @@ def attach_device_memory(
         "nccl": sum(i.bytes for i in overhead.items if i.name == "nccl_communicator"),
     }
     low, high = overhead.outside_allocator_range_bytes()
-    est.device_total_range = (reserved + low, reserved + high)
-    est.overhead = overhead
-    est.oom = None
+    oom = None
     if failed is not None and failed.oom is not None:
         oom_ev = events[failed.oom.event_index]
-        est.oom = failed.oom.message(
+        oom = failed.oom.message(
             op=oom_ev.op, module=oom_ev.module or "<top>", total_capacity_bytes=capacity
         )
-    if est.gpu is not None:
-        limit = fit_limit(capacity)
-        est.fits = failed is None and allocator_capacity > 0 and profile.device_total_bytes <= limit
-    else:
-        est.notes.append(
-            f"No GPU named: CUDA context and workspace sizes assume {gpu.display_name}."
+    fits = None
+    if named is not None:
+        fits = (
+            failed is None
+            and allocator_capacity > 0
+            and profile.device_total_bytes <= (fit_limit(capacity))
         )
-    if est.host.fits is False:
+    else:
+        notes.append(f"No GPU named: CUDA context and workspace sizes assume {gpu.display_name}.")
+    if host.fits is False:
         # The verdict is for a named GPU; without one the note still says it.
-        if est.gpu is not None:
-            est.fits = False
-        est.notes.append(_host_note(est.host))
-    est.profile = profile
-    return profile
+        if named is not None:
+            fits = False
+        notes.append(_host_note(host))
+    return DeviceMemory(
+        profile=profile, host=host, records_summary=records_summary, overhead=overhead,
+        device_total_range=(reserved + low, reserved + high), fits=fits, oom=oom,
+        notes=tuple(notes),
+    )  # fmt: skip
 
 
 def _host_note(host: Any) -> str:

@@ -20,7 +20,7 @@ from memfit.cuda.target import get_gpu, list_gpus
 from memfit.errors import BadInputError
 from memfit.estimator.auto_precision import resolve_precision
 from memfit.estimator.ddp import with_ddp_buckets
-from memfit.estimator.device_memory import attach_device_memory
+from memfit.estimator.device_memory import device_memory
 from memfit.estimator.generation.figures import (
     generation_figures,
     prompt_len,
@@ -48,9 +48,10 @@ from memfit.units import format_bytes
 from memfit.workload import Workload
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Estimate:
-    """The result of `estimate`: the profile plus what was assumed to produce it."""
+    """The result of `estimate`: the profile plus what was assumed to produce it. Built once,
+    when everything is known (`estimate_from_trace`), and not changed after."""
 
     model: str
     workload: Workload
@@ -389,20 +390,6 @@ def estimate_from_trace(
 
     backends = sorted(set(tr.attention_backends))
     scale = w.grad_accum / traced_micro_batches(w) if w.training else 1.0
-    est = Estimate(
-        model=spec.name,
-        workload=w,
-        profile=None,  # type: ignore[arg-type]  # filled by attach_device_memory
-        parameter_count=tr.parameter_count,
-        trainable_parameter_count=tr.trainable_parameter_count,
-        num_blocks=n_blocks,
-        replayed=replayed,
-        attention_backend=",".join(backends) if backends else None,
-        trace_seconds=seconds,
-        gpu=gpu,
-        flops=steady_flops(tr.flops, scale),
-        embedding_path=tr.embedding_path,
-    )
     if w.embedding_on_cpu and tr.embedding_path is None:
         raise BadInputError(
             f"embedding_on_cpu=True needs an input embedding, and {spec.name!r} has none "
@@ -410,19 +397,43 @@ def estimate_from_trace(
         )
     if w.embedding_on_cpu and tr.embedding_tied_to is not None:
         raise BadInputError(tied_embedding_message(tr.embedding_tied_to))
+    notes: list[str] = []
     if gpu is not None:  # a dtype the card runs otherwise than natively
-        est.notes.extend(card_notes(gpu, w.precision, w.quantize))
-    est.notes.extend(spec.notes)  # e.g. the loss a model of unknown head is traced with
-    est.notes.extend(tr.notes)  # e.g. which layers stayed unquantized
+        notes.extend(card_notes(gpu, w.precision, w.quantize))
+    notes.extend(spec.notes)  # e.g. the loss a model of unknown head is traced with
+    notes.extend(tr.notes)  # e.g. which layers stayed unquantized
     records, events = without_markers(tr) if w.mode == "generate" else (tr.records, tr.events)
     # NCCL's buffers for the GPUs of FSDP2 and of tensor parallelism alike.
-    attach_device_memory(est, records, events, alloc_conf=alloc_conf, n_gpus=w.gpus * w.tp)
+    device = device_memory(records, events, w, gpu=gpu, embedding_path=tr.embedding_path,
+                           alloc_conf=alloc_conf, n_gpus=w.gpus * w.tp)  # fmt: skip
+    notes.extend(device.notes)
+    generation = None
     if w.mode == "generate":
         headroom = None
         if gpu is not None:
-            limit = gpu.fit_limit
-            headroom = limit - (est.profile.device_total_bytes or 0)
-        est.generation = generation_figures(w, tr, n_blocks, est.profile, headroom)
+            headroom = gpu.fit_limit - (device.profile.device_total_bytes or 0)
+        generation = generation_figures(w, tr, n_blocks, device.profile, headroom)
     if w.offload_activations:
-        est.notes.append(offload_note(tr.records, scale))
-    return est
+        notes.append(offload_note(tr.records, scale))
+    return Estimate(
+        model=spec.name,
+        workload=w,
+        profile=device.profile,
+        parameter_count=tr.parameter_count,
+        trainable_parameter_count=tr.trainable_parameter_count,
+        num_blocks=n_blocks,
+        replayed=replayed,
+        attention_backend=",".join(backends) if backends else None,
+        trace_seconds=seconds,
+        gpu=gpu,
+        fits=device.fits,
+        oom=device.oom,
+        device_total_range=device.device_total_range,
+        overhead=device.overhead,
+        embedding_path=tr.embedding_path,
+        records_summary=device.records_summary,
+        notes=notes,
+        flops=steady_flops(tr.flops, scale),
+        host=device.host,
+        generation=generation,
+    )

@@ -20,8 +20,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from memfit._compat import checkpointing_enable_method
 from memfit.errors import BadInputError, TraceError
-from memfit.estimator.trace.step_runner import traced_micro_batches
-from memfit.estimator.trace.tracker import Tracker
+from memfit.estimator import Tracker, traced_micro_batches
 from memfit.events import Category
 from memfit.integrations._reading import (
     BatchTemplate,

@@ -19,7 +19,7 @@ import torch
 
 from memfit.cuda.gpus import FIT_MARGIN_FRACTION
 from memfit.errors import BadInputError, Failsafe, MemfitError
-from memfit.estimator.estimate import Estimate, estimate
+from memfit.estimator import Estimate, estimate
 from memfit.measurement.measure import Measurement, measure
 from memfit.models.sources import ModelSpec
 from memfit.planner.search import Goal, Plan, plan

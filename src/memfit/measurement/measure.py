@@ -34,7 +34,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from memfit.errors import BadInputError, Failsafe
-from memfit.estimator.trace.tracker import Tracker, memory_tensor, parameter_modules
+from memfit.estimator import Tracker, memory_tensor, parameter_modules
 from memfit.events import Category
 from memfit.measurement.phases import PhaseHooks, guarded
 from memfit.models.structure import find_repeated_blocks

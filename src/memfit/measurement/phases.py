@@ -25,8 +25,7 @@ from torch.optim.optimizer import (
 )
 from torch.utils import _pytree as pytree
 
-from memfit.estimator.generation.kv_cache import CacheWatcher
-from memfit.estimator.trace.tracker import Tracker
+from memfit.estimator import CacheWatcher, Tracker
 from memfit.events import Category
 from memfit.models.structure import find_repeated_blocks
 

@@ -25,9 +25,13 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from memfit.estimator.compose import composable, composed_trace_spec, composition_matches
-from memfit.estimator.estimate import trace_spec
-from memfit.estimator.predict import MicroBatchLine
+from memfit.estimator import (
+    MicroBatchLine,
+    composable,
+    composed_trace_spec,
+    composition_matches,
+    trace_spec,
+)
 from memfit.models.sources import ModelSpec
 from memfit.planner.shapes import Shape
 from memfit.workload import Workload

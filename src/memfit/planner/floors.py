@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from memfit.estimator.trace.resident import got_gradient, resident_floor_bytes
+from memfit.estimator import got_gradient, resident_floor_bytes
 from memfit.models.sources import ModelSpec
 from memfit.planner.shapes import Shape
 from memfit.workload import Workload

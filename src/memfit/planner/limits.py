@@ -17,10 +17,13 @@ from typing import Any
 from memfit.cuda.allocator_config import AllocatorConfig
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
-from memfit.estimator.auto_precision import resolve_precision
-from memfit.estimator.estimate import estimate_from_trace, trace_spec
-from memfit.estimator.predict import MicroBatchLine
-from memfit.estimator.trace.cache import check_environment
+from memfit.estimator import (
+    MicroBatchLine,
+    check_environment,
+    estimate_from_trace,
+    resolve_precision,
+    trace_spec,
+)
 from memfit.guard.batch_search import largest_passing
 from memfit.models.sources import ModelSpec, resolve_model
 from memfit.units import format_bytes

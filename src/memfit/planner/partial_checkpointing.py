@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from memfit.estimator.estimate import estimate_from_trace, trace_spec
+from memfit.estimator import estimate_from_trace, trace_spec
 from memfit.models.sources import ModelSpec
 from memfit.planner.cost import step_cost
 from memfit.planner.results import Candidate

@@ -18,8 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from memfit.estimator.host_memory import machine_ram_bytes
-from memfit.estimator.trace.cache import dumps_compact, key_of, lookup, store
+from memfit.estimator import dumps_compact, key_of, lookup, machine_ram_bytes, store
 from memfit.models.sources import ModelSpec, resolve_model
 
 

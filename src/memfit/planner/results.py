@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.errors import BadInputError
-from memfit.estimator.estimate import Estimate
+from memfit.estimator import Estimate
 from memfit.optimizers import DEFAULT_OPTIMIZER
 from memfit.planner.cost import StepCost
 from memfit.workload import FSDP_MIXED, Workload, check_choice

@@ -44,14 +44,21 @@ from typing import Any
 
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError, TraceError
-from memfit.estimator.estimate import estimate_from_trace, trace_spec
-from memfit.estimator.parallel import run_all, workers
-from memfit.estimator.trace.attention import attention_class
-from memfit.estimator.trace.cache import check_environment, pack_trace, session, unpack_trace
-from memfit.estimator.trace.collector import without_full_collections
-from memfit.estimator.trace.step_runner import Trace
+from memfit.estimator import (
+    Trace,
+    attention_class,
+    check_environment,
+    estimate_from_trace,
+    pack_trace,
+    run_all,
+    session,
+    trace_spec,
+    unpack_trace,
+    without_full_collections,
+    workers,
+)
 from memfit.models.sources import ModelSpec, resolve_model
-from memfit.optimizers import DEFAULT_OPTIMIZER, spec_of
+from memfit.optimizers import spec_of
 from memfit.planner.advice import what_would_fit
 from memfit.planner.choice import faster_other_optimizer, pareto, preference
 from memfit.planner.composed import Composer
@@ -65,40 +72,20 @@ from memfit.planner.shapes import (
     WIDEN_WHEN_NOTHING_FITS,
     Shape,
     allowed_techniques,
-    distillation_of,
     divisors,
     heavier,
+    is_lean,
+    is_plain,
     lean_shapes,
     offload_shapes,
     placements,
+    shape_of,
     shapes,
     with_ddp,
 )
 from memfit.planner.work import work_of
 from memfit.precision import precision_of
 from memfit.workload import LoraConfig, Workload
-
-
-def _shape_of(w: Workload) -> Shape:
-    return Shape(
-        w.precision, w.optimizer, w.checkpointing, w.lora is not None, w.tie_embeddings,
-        quantize=w.quantize, in_backward=w.optimizer_in_backward,
-        offload_activations=w.offload_activations, chunked_loss=w.chunked_loss,
-        fsdp_offload=w.fsdp_cpu_offload, distill=distillation_of(w), ddp=w.ddp,
-    )  # fmt: skip
-
-
-def _lean(shape: Shape) -> bool:
-    """Whether the shape uses a technique of the later stages or QLoRA."""
-    return bool(
-        shape.quantize
-        or shape.in_backward
-        or shape.offload_activations
-        or shape.chunked_loss
-        or shape.fsdp_offload
-        or not shape.distill.plain
-    )
-
 
 #: A shape traced at a micro-batch: (trace, blocks, replayed), as `trace_spec` returns it.
 _Traced = tuple[Trace, int, bool]
@@ -129,7 +116,7 @@ class _Search:
         """Whether `shape` cannot fit at any micro-batch, known without a trace (memfit.
         planner.floors); never for the shape the plan shows as its baseline. With
         `every_gradient`: whether it may be known so after more traces."""
-        if _plain(shape, self.goal) or shape in self.untraceable:
+        if is_plain(shape, self.goal) or shape in self.untraceable:
             return False
         try:
             w = self.workload(shape, mb, False, False)
@@ -204,7 +191,7 @@ class _Search:
             return []
         # A lean technique the model or the Workload refuses (a chunked loss on a model
         # without an LM head, QLoRA over several GPUs) rules out the shape, not the plan.
-        refused = (TraceError, BadInputError) if _lean(shape) else (TraceError,)
+        refused = (TraceError, BadInputError) if is_lean(shape) else (TraceError,)
         try:
             base = self.workload(shape, mb, False, False)
             if key not in self.traces:
@@ -581,18 +568,7 @@ def _baseline(search: _Search, per_gpu: int, goal: Goal) -> Candidate | None:
             w.batch_size == per_gpu
             and not w.offload_optimizer
             and not w.embedding_on_cpu
-            and _plain(_shape_of(w), goal)
+            and is_plain(shape_of(w), goal)
         ):
             return c
     return None
-
-
-def _plain(shape: Shape, goal: Goal) -> bool:
-    """Whether `shape` is the baseline's: the goal's or AdamW optimizer, no techniques."""
-    return (
-        shape.optimizer == (goal.optimizer or DEFAULT_OPTIMIZER)
-        and shape.checkpointing == "off"
-        and not shape.lora
-        and not shape.tied
-        and not _lean(shape)
-    )

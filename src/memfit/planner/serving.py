@@ -45,8 +45,7 @@ from typing import Any
 from memfit.cuda.allocator_config import cuda_block_size
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
-from memfit.estimator.auto_precision import resolve_precision
-from memfit.estimator.estimate import estimate_from_trace, trace_spec
+from memfit.estimator import estimate_from_trace, resolve_precision, trace_spec
 from memfit.events import Category
 from memfit.models.sources import resolve_model
 from memfit.units import GIB

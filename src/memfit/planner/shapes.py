@@ -362,3 +362,36 @@ def placements(allowed: set[str]) -> list[tuple[bool, bool]]:
     offload = [False, True] if "offload" in allowed else [False]
     emb = [False, True] if "cpu-embedding" in allowed else [False]
     return list(itertools.product(offload, emb))
+
+
+def shape_of(w: Any) -> Shape:
+    """The shape a workload has (the search's workloads are built from shapes)."""
+    return Shape(
+        w.precision, w.optimizer, w.checkpointing, w.lora is not None, w.tie_embeddings,
+        quantize=w.quantize, in_backward=w.optimizer_in_backward,
+        offload_activations=w.offload_activations, chunked_loss=w.chunked_loss,
+        fsdp_offload=w.fsdp_cpu_offload, distill=distillation_of(w), ddp=w.ddp,
+    )  # fmt: skip
+
+
+def is_lean(shape: Shape) -> bool:
+    """Whether the shape uses a technique of the later stages or QLoRA."""
+    return bool(
+        shape.quantize
+        or shape.in_backward
+        or shape.offload_activations
+        or shape.chunked_loss
+        or shape.fsdp_offload
+        or not shape.distill.plain
+    )
+
+
+def is_plain(shape: Shape, goal: Any) -> bool:
+    """Whether `shape` is the baseline's: the goal's or AdamW optimizer, no techniques."""
+    return (
+        shape.optimizer == (goal.optimizer or DEFAULT_OPTIMIZER)
+        and shape.checkpointing == "off"
+        and not shape.lora
+        and not shape.tied
+        and not is_lean(shape)
+    )

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from memfit.estimator.estimate import Estimate
+from memfit.estimator import Estimate
 from memfit.models.sources import resolve_model
 from memfit.optimizers import NO_OPTIMIZER, spec_of
 from memfit.planner.cost import StepWork

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memfit.estimator.estimate import Estimate
+from memfit.estimator import Estimate
 from memfit.profile import MemoryProfile
 from memfit.report.text import rule_of_thumb_bytes
 from memfit.techniques import labels as technique_labels

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memfit.estimator.estimate import Estimate
+from memfit.estimator import Estimate
 from memfit.techniques import labels as technique_labels
 from memfit.units import format_bytes
 

@@ -38,7 +38,7 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from memfit.errors import BadInputError
-from memfit.estimator.trace.cuda_emulation import CudaEmulation
+from memfit.estimator import CudaEmulation
 
 __all__ = ["FakeRunUnsupported", "fake_tensors"]
 

@@ -238,7 +238,7 @@ NoCache = Annotated[
 def skip_cache(no_cache: bool) -> None:
     """`--no-cache`: trace (and plan) again for the rest of this command."""
     if no_cache:
-        from memfit.estimator.trace.cache import set_enabled
+        from memfit.estimator import set_enabled
 
         set_enabled(False)
 
