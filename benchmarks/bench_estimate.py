@@ -117,7 +117,7 @@ def bench_memfit(repeat: int) -> dict[str, Any]:
     import memfit
 
     t1 = time.perf_counter()
-    estimate = memfit.estimate  # resolved lazily: imports memfit.estimator.estimate
+    estimate = memfit.estimate  # resolved lazily: imports memfit.estimator.estimation
 
     t2 = time.perf_counter()
     out: dict[str, Any] = {

@@ -67,8 +67,8 @@ __all__ = [
 ]
 
 _LAZY = {
-    "estimate": ("memfit.estimator.estimate", "estimate"),
-    "Estimate": ("memfit.estimator.estimate", "Estimate"),
+    "estimate": ("memfit.estimator.estimation", "estimate"),
+    "Estimate": ("memfit.estimator.estimation", "Estimate"),
     "MemoryProfile": ("memfit.profile", "MemoryProfile"),
     "plan": ("memfit.planner.search", "plan"),
     "Plan": ("memfit.planner.search", "Plan"),

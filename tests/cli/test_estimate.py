@@ -181,7 +181,7 @@ def test_inference_takes_no_training_options():
 
 
 def test_pictures_are_checked_before_the_estimate(tmp_path, monkeypatch):
-    import memfit.estimator.estimate as estimator
+    import memfit.estimator.estimation as estimator
 
     def never(*args, **kwargs):
         raise AssertionError("the estimate ran before the picture path was checked")

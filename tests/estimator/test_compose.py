@@ -20,7 +20,7 @@ import pytest
 import memfit
 from memfit.estimator import compose, parallel
 from memfit.estimator.compose import ComposeMismatch, compose_optimizer, composition_matches
-from memfit.estimator.estimate import _short_trace, trace_spec
+from memfit.estimator.estimation import _short_trace, trace_spec
 from memfit.estimator.trace.cache import session
 from memfit.models.sources import resolve_model
 from memfit.planner import composed as composed_module

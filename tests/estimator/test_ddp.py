@@ -14,7 +14,7 @@ import memfit
 from memfit.cuda.allocator_config import cuda_block_size
 from memfit.errors import BadInputError
 from memfit.estimator.ddp import BUCKET_OP, rebuilt_buckets
-from memfit.estimator.estimate import trace_spec
+from memfit.estimator.estimation import trace_spec
 from memfit.events import ALLOC, FREE
 from memfit.models.sources import resolve_model
 from memfit.workload import LoraConfig

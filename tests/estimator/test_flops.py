@@ -6,7 +6,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import memfit
-from memfit.estimator.estimate import steady_flops, trace_spec
+from memfit.estimator.estimation import steady_flops, trace_spec
 from memfit.estimator.trace.step_runner import run_trace
 from memfit.models.sources import ModelSpec
 

@@ -6,7 +6,7 @@ import pytest
 
 import memfit
 import memfit.estimator.trace.step_runner as trace_mod
-from memfit.estimator.estimate import steady_flops
+from memfit.estimator.estimation import steady_flops
 from memfit.estimator.trace.step_runner import run_trace
 from memfit.models.sources import resolve_model
 from memfit.profile import MemoryProfile

@@ -17,7 +17,7 @@ import os
 import pytest
 
 import memfit
-from memfit.estimator.estimate import trace_spec
+from memfit.estimator.estimation import trace_spec
 from memfit.estimator.predict import PredictMismatch, predict_micro_batch
 from memfit.estimator.trace.cache import session
 from memfit.models.sources import resolve_model

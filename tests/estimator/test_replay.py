@@ -207,7 +207,7 @@ def test_gpt2_replay_matches_full_trace(precision, checkpointing, n) -> None:
 
 
 def test_estimate_traces_everything_when_blocks_do_not_replay(monkeypatch) -> None:
-    import memfit.estimator.estimate as estimator_mod
+    import memfit.estimator.estimation as estimator_mod
 
     n = 5
     spec = make_spec("llama", n)
@@ -278,7 +278,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_replayed_estimate_equals_full_trace(case: str) -> None:
-    import memfit.estimator.estimate as estimator_mod
+    import memfit.estimator.estimation as estimator_mod
 
     spec, w = CASES[case]()
     tr, blocks, replayed = estimator_mod.trace_spec(spec, w, CAPABILITY)

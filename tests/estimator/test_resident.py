@@ -12,7 +12,7 @@ import json
 import pytest
 
 from memfit.estimator.device_memory import place_on_host
-from memfit.estimator.estimate import _short_trace, trace_spec
+from memfit.estimator.estimation import _short_trace, trace_spec
 from memfit.estimator.trace.cache import caching
 from memfit.estimator.trace.resident import got_gradient, resident_floor_bytes
 from memfit.estimator.trace.step_runner import run_trace

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 import memfit
 from memfit.cli.app import app
 from memfit.errors import BadInputError
-from memfit.estimator import estimate as estimate_module
-from memfit.estimator.estimate import trace_key, trace_spec
+from memfit.estimator import estimation as estimate_module
+from memfit.estimator.estimation import trace_key, trace_spec
 from memfit.estimator.trace import cache as trace_cache
 from memfit.models.sources import resolve_model
 from memfit.planner import search as search_module

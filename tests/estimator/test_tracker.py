@@ -302,7 +302,7 @@ LLAMA2_7B_TENSORS = 32 * 9 + 3  # 9 tensors per layer + embed_tokens, norm, lm_h
 @pytest.fixture(scope="module")
 def llama7b():
     """One estimate of llama-2-7b (bf16-true, AdamW, H100), with the stream it was built from."""
-    import memfit.estimator.estimate as estimator_mod
+    import memfit.estimator.estimation as estimator_mod
 
     per_layer = 4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096
     assert 32 * per_layer + 2 * 32000 * 4096 + 4096 == LLAMA2_7B_PARAMS

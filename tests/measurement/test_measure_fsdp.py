@@ -131,7 +131,7 @@ def test_fsdp_estimate_replays_repeated_blocks():
     """Under FSDP2 the optimizer's foreach ops read DTensors; their owner (the block) is found
     through the local shard, so 3 traced blocks replay to N and match a full trace."""
     import memfit
-    from memfit.estimator.estimate import trace_spec
+    from memfit.estimator.estimation import trace_spec
     from memfit.estimator.trace.step_runner import run_trace
     from memfit.models.sources import resolve_model
     from memfit.profile import MemoryProfile

@@ -11,7 +11,7 @@ import pytest
 
 import memfit
 from memfit.estimator import predict
-from memfit.estimator.estimate import trace_spec
+from memfit.estimator.estimation import trace_spec
 from memfit.estimator.trace.cache import session
 from memfit.models.sources import resolve_model
 from memfit.planner import limits

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
         composed_trace_spec,
         composition_matches,
     )
-    from memfit.estimator.estimate import (
+    from memfit.estimator.estimation import (
         Estimate,
         estimate,
         estimate_from_trace,
@@ -89,9 +89,9 @@ _WHERE = {
     "composition_matches": "memfit.estimator.compose",
     "CudaEmulation": "memfit.estimator.trace.cuda_emulation",
     "dumps_compact": "memfit.estimator.trace.cache",
-    "Estimate": "memfit.estimator.estimate",
-    "estimate": "memfit.estimator.estimate",
-    "estimate_from_trace": "memfit.estimator.estimate",
+    "Estimate": "memfit.estimator.estimation",
+    "estimate": "memfit.estimator.estimation",
+    "estimate_from_trace": "memfit.estimator.estimation",
     "got_gradient": "memfit.estimator.trace.resident",
     "key_of": "memfit.estimator.trace.cache",
     "lookup": "memfit.estimator.trace.cache",
@@ -111,7 +111,7 @@ _WHERE = {
     "tag_graph": "memfit.estimator.trace.tracker",
     "Trace": "memfit.estimator.trace.step_runner",
     "trace_cache": "memfit.estimator.trace.cache",
-    "trace_spec": "memfit.estimator.estimate",
+    "trace_spec": "memfit.estimator.estimation",
     "traced_micro_batches": "memfit.estimator.trace.step_runner",
     "Tracker": "memfit.estimator.trace.tracker",
     "unpack_trace": "memfit.estimator.trace.cache",

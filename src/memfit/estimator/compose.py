@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from memfit.estimator.estimate import (
+from memfit.estimator.estimation import (
     _expanded,
     _profile_key,
     _short_trace,
@@ -210,7 +210,7 @@ def composition_matches(
 ) -> bool:
     """Whether `w` composed from `donor` equals `w`'s real trace: the same live-bytes
     timeline event for event, breakdown, bytes per module, per-phase peaks and FLOPs (the
-    replay check's test, memfit.estimator.estimate._profile_key)."""
+    replay check's test, memfit.estimator.estimation._profile_key)."""
     composed = composed_trace(spec, w, donor, capability)
     if composed is None:
         return False

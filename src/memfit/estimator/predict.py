@@ -72,7 +72,7 @@ def predict_micro_batch(a: Trace, mb_a: int, b: Trace, mb_b: int, mb: int) -> Tr
     return dataclasses.replace(b, records=records, events=list(b.events), flops=flops)
 
 
-#: A trace as `memfit.estimator.estimate.trace_spec` returns it: (trace, blocks, replayed).
+#: A trace as `memfit.estimator.estimation.trace_spec` returns it: (trace, blocks, replayed).
 Traced = tuple[Trace, int, bool]
 
 

@@ -98,7 +98,7 @@ def attention_class(capability: tuple[int, int] | None) -> tuple[int, int]:
     whatever the call: it reads only the thresholds above (5.0, 8.0, and sm86/sm89).
 
     The kernel choice is the only thing in a trace that depends on the GPU, so GPUs of one
-    class share their traces (the trace cache keys on the class: memfit.estimator.estimate.
+    class share their traces (the trace cache keys on the class: memfit.estimator.estimation.
     trace_key). A new use of the capability while tracing must refine this class."""
     cap = capability if capability is not None else FLASH_MIN_CAPABILITY
     if cap < EFFICIENT_MIN_CAPABILITY:

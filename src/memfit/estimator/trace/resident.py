@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memfit.estimator.estimate import replayable_blocks
+from memfit.estimator.estimation import replayable_blocks
 from memfit.estimator.trace.block_replay import TRACED_BLOCKS
 from memfit.estimator.trace.step_runner import DTYPES, Trace, _traced_model
 from memfit.estimator.trace.tracker import parameter_modules

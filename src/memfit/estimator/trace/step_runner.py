@@ -465,7 +465,7 @@ def _unpacked_synthetic_inputs(spec: ModelSpec) -> Iterator[None]:
 
 #: Micro-batches traced per step. With gradient accumulation, micro-steps 3..k repeat micro-step
 #: 2 exactly (the same gradients are alive and accumulated in place), so tracing two gives the
-#: memory of any k >= 2; FLOPs are scaled to k (memfit.estimator.estimate.steady_flops).
+#: memory of any k >= 2; FLOPs are scaled to k (memfit.estimator.estimation.steady_flops).
 MAX_TRACED_MICRO_BATCHES = 2
 
 
