@@ -443,3 +443,27 @@ def test_training_dropout_saves_cudas_one_byte_mask():
     with CudaEmulation(dtype=None, capability=(9, 0)):
         assert F.dropout(x, p=0.0, training=True) is x
         assert F.dropout(x, p=0.1, training=False) is x
+
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
+def test_cross_entropy_keeps_log_softmax_in_the_logits_dtype(low) -> None:
+    # ATen LossNLL.cpp cross_entropy_loss_symint: log_softmax(self, dim, self.scalar_type()),
+    # a set dtype that CUDA's fp32_set_opt_dtype policy keeps, then nll_loss on the fp32
+    # list. Logits (8, 64): 512 elements, 16-bit log-probs 1024 B, their fp32 copy 2048 B.
+    saved: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    rec = Recorder(CudaEmulation(dtype=low, capability=(9, 0)))
+    x = rec.tensor(8, 64, dtype=low, requires_grad=True)
+    with rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        target = torch.zeros(8, dtype=torch.long)
+        start = len(rec.tracker.events)
+        loss = F.cross_entropy(x, target)
+        assert loss.dtype == torch.float32
+        assert rec.allocs(start)[:2] == [("_log_softmax.default", 1024), ("_to_copy.default", 2048)]
+    # Saved: the 16-bit log-probs (LogSoftmaxBackward0), their fp32 copy (NllLossBackward0),
+    # the target (8 x int64 = 64 B) and total_weight (4 B): not one fp32 log-softmax (2048 B).
+    assert sorted(saved) == [4, 64, 1024, 2048]
