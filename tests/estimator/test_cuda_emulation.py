@@ -443,3 +443,62 @@ def test_training_dropout_saves_cudas_one_byte_mask():
     with CudaEmulation(dtype=None, capability=(9, 0)):
         assert F.dropout(x, p=0.0, training=True) is x
         assert F.dropout(x, p=0.1, training=False) is x
+
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
+def test_cross_entropy_keeps_log_softmax_in_the_logits_dtype(low) -> None:
+    # ATen LossNLL.cpp cross_entropy_loss_symint: log_softmax(self, dim, self.scalar_type()),
+    # a set dtype that CUDA's fp32_set_opt_dtype policy keeps, then nll_loss on the fp32
+    # list. Logits (8, 64): 512 elements, 16-bit log-probs 1024 B, their fp32 copy 2048 B.
+    saved: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    rec = Recorder(CudaEmulation(dtype=low, capability=(9, 0)))
+    x = rec.tensor(8, 64, dtype=low, requires_grad=True)
+    with rec, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        target = torch.zeros(8, dtype=torch.long)
+        start = len(rec.tracker.events)
+        loss = F.cross_entropy(x, target)
+        assert loss.dtype == torch.float32
+        assert rec.allocs(start)[:2] == [("_log_softmax.default", 1024), ("_to_copy.default", 2048)]
+    # Saved: the 16-bit log-probs (LogSoftmaxBackward0), their fp32 copy (NllLossBackward0),
+    # the target (8 x int64 = 64 B) and total_weight (4 B): not one fp32 log-softmax (2048 B).
+    assert sorted(saved) == [4, 64, 1024, 2048]
+
+
+def test_grouped_query_attention_flash_saves_kv_at_their_own_heads() -> None:
+    # transformers passes enable_gqa=True without a mask. sdp_utils.cpp: flash supports GQA
+    # (check_batch_size_and_num_heads_dense<true>), memory-efficient does not (<false>), so an
+    # fp32 call goes to math, which repeats K/V. q (2, 8, 128, 64), k/v (2, 2, 128, 64).
+    q_bytes, kv_bytes = 2 * 8 * 128 * 64 * 2, 2 * 2 * 128 * 64 * 2  # bf16: 262,144 / 65,536 B
+
+    def saved_and_backend(dtype: torch.dtype) -> tuple[list[tuple[int, ...]], list[int], str]:
+        saved: list[tuple[tuple[int, ...], int]] = []
+        backends: list[str] = []
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved.append((tuple(t.shape), t.numel() * t.element_size()))
+            return t
+
+        with FakeTensorMode():
+            q = torch.empty(2, 8, 128, 64, dtype=dtype, requires_grad=True)
+            k = torch.empty(2, 2, 128, 64, dtype=dtype, requires_grad=True)
+            v = torch.empty(2, 2, 128, 64, dtype=dtype, requires_grad=True)
+            emu = CudaEmulation(dtype=None, capability=(9, 0), on_attention=backends.append)
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), emu:
+                F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return [s for s, _ in saved], [n for _, n in saved], backends[0]
+
+    shapes, sizes, backend = saved_and_backend(torch.bfloat16)
+    assert backend == FLASH
+    # q, out (query heads), k, v (key/value heads), logsumexp (2, 8, 128) fp32, philox state.
+    assert sorted(n for n in sizes if n >= kv_bytes) == [kv_bytes, kv_bytes, q_bytes, q_bytes]
+    assert (2, 8, 128, 64) in shapes and shapes.count((2, 2, 128, 64)) == 2
+    _, _, backend = saved_and_backend(torch.float32)
+    assert backend == MATH
+    call = AttentionCall(torch.float32, 64, 64, has_mask=False, dropout_p=0.0, grouped=True)
+    assert choose_backend(call, (9, 0)) == MATH
+    assert choose_backend(AttentionCall(torch.float32, 64, 64, False, 0.0), (9, 0)) == EFFICIENT

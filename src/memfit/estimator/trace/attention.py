@@ -19,6 +19,12 @@ Rules modelled (PyTorch 2.5-2.13, `check_*` functions of sdp_utils.cpp):
   and of 4 for fp32 (PyTorch accepts any fp32 head dim before sm80; requiring 4 errs towards
   math, the larger estimate).
 - math: always possible.
+- grouped-query attention (`enable_gqa=True`, fewer key/value heads than query heads, as
+  transformers' sdpa_attention_forward passes when there is no attention mask):
+  `check_batch_size_and_num_heads_dense<true /*supports GQA*/>` in can_use_flash_attention, so
+  flash takes the grouped K/V as they are (and saves them at their own size);
+  can_use_mem_efficient_attention has `<false /*supports_grouped_query_attention*/>`, so such a
+  call goes on to math, which repeats K/V (`_scaled_dot_product_attention_math`, enable_gqa).
 Not modelled: the cuDNN backend (off by default in these releases' priority order for training),
 nested tensors, and `torch.nn.attention.sdpa_kernel` overrides made inside user code.
 """
@@ -55,6 +61,8 @@ class AttentionCall:
     has_mask: bool
     dropout_p: float
     requires_grad: bool = False
+    #: enable_gqa with fewer key/value heads than query heads.
+    grouped: bool = False
 
 
 def choose_backend(call: AttentionCall, capability: tuple[int, int] | None) -> str:
@@ -85,6 +93,7 @@ def choose_backend(call: AttentionCall, capability: tuple[int, int] | None) -> s
     efficient_dtypes = (torch.float16, torch.float32) + ((torch.bfloat16,) if cap >= (8, 0) else ())
     if (
         cap >= EFFICIENT_MIN_CAPABILITY
+        and not call.grouped
         and call.dtype in efficient_dtypes
         and call.head_dim % align == 0
         and call.value_head_dim % align == 0
@@ -126,9 +135,8 @@ def run_sdpa(
     dtype (`additive_mask`), and the memory-efficient kernel's mask is padded when its strides
     are not aligned (`efficient_mask`).
     """
-    if enable_gqa and key.shape[-3] != query.shape[-3]:
-        # Flash and efficient kernels take grouped K/V natively only in some releases; the
-        # math path and older kernels repeat K/V. Repeating is the conservative choice.
+    if enable_gqa and key.shape[-3] != query.shape[-3] and backend != FLASH:
+        # Only flash takes grouped K/V (module docstring); math repeats them.
         groups = query.shape[-3] // key.shape[-3]
         key = key.repeat_interleave(groups, dim=-3)
         value = value.repeat_interleave(groups, dim=-3)
@@ -206,5 +214,6 @@ def describe_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Attent
         dropout_p=float(bound["dropout_p"]),
         requires_grad=torch.is_grad_enabled()
         and any(bound[k].requires_grad for k in ("query", "key", "value")),
+        grouped=bool(bound["enable_gqa"]) and bound["key"].shape[-3] != q.shape[-3],
     )
     return call, bound

@@ -14,7 +14,8 @@ every cast weight stays alive for the whole forward.
 Limitations (written down, not hidden): the policy is applied to torch-level calls seen by a
 TorchFunctionMode (F.linear, torch.matmul, Tensor.softmax, F.layer_norm, ...). C++ composite ops
 that are called directly from C++ (not from Python) are not re-dispatched through the policy;
-`cross_entropy` and `nll_loss`, the composites that matter for memory, are handled by name.
+`cross_entropy`, the composite that matters for memory, is handled by name (its log_softmax in
+the logits' dtype, its nll_loss in fp32, as ATen's composite meets CUDA's policy).
 """
 
 from __future__ import annotations
@@ -201,8 +202,14 @@ class CudaEmulation(TorchFunctionMode):
         return func(*args, **kwargs)
 
     def _cross_entropy(self, args: Any, kwargs: Any) -> torch.Tensor:
-        # cross_entropy_loss is a C++ composite: on CUDA its log_softmax goes through the
-        # fp32_set_opt_dtype policy and its nll_loss through the fp32 policy.
+        # cross_entropy_loss is a C++ composite with no AutocastCUDA kernel (only AutocastCPU
+        # registers it), so on CUDA its inner calls meet the policy one by one. ATen
+        # LossNLL.cpp cross_entropy_loss_symint calls `at::log_softmax(self, class_dim,
+        # self.scalar_type())`: the dtype is set, and fp32_set_opt_dtype leaves a set dtype
+        # alone, so log_softmax runs in the logits' 16-bit dtype (and saves that result). Its
+        # `nll_loss` is on the fp32 list: the 16-bit log-probabilities are cast to fp32, and
+        # NllLossBackward0 saves that copy. Backward then makes an fp32 nll gradient, casts it
+        # back, and _log_softmax_backward_data runs in 16 bits.
         names = ("input", "target", "weight", "size_average", "ignore_index", "reduce")
         bound = dict(zip(names, args, strict=False))
         bound.update(kwargs)
@@ -213,10 +220,10 @@ class CudaEmulation(TorchFunctionMode):
             args, kwargs = self._cast_all(args, kwargs, torch.float32)
             return torch.nn.functional.cross_entropy(*args, **kwargs)
         dim = 1 if logits.dim() > 1 else 0
-        lsm = self._fp32_set_opt_dtype(torch.log_softmax, "log_softmax", (logits, dim), {})
+        lsm = torch.log_softmax(logits, dim, dtype=logits.dtype)
         weight = bound.get("weight")
         return torch.nn.functional.nll_loss(
-            lsm,
+            self._cast(lsm, torch.float32),
             target,
             weight=None if weight is None else self._cast(weight, torch.float32),
             ignore_index=bound.get("ignore_index", -100),
