@@ -52,6 +52,7 @@ from memfit.techniques.fsdp_offload import emulated_cpu_offload, mark_host_shard
 from memfit.techniques.optimizer import host_state_keys, mark_state, optimizer_for_trace
 from memfit.techniques.optimizer_in_backward import OptimizerInBackward, trace_hooks
 from memfit.techniques.optimizer_in_backward import for_trace as in_backward_for_trace
+from memfit.techniques.prequantized import prepare_prequantized
 from memfit.techniques.quantize_trace import LOGICAL_NUMEL, logical_numel, prepare_quantized
 from memfit.techniques.train_setup import call_model
 from memfit.workload import Workload
@@ -361,6 +362,8 @@ def _traced_model(
     )
     # Quantized linears (after LoRA and the cast, as a QLoRA user's model is); notes kept.
     model.__dict__[_NOTES] = prepare_quantized(model, w, fake_mode)
+    # A checkpoint's own quantization_config (bound to the GPU by estimate.trace_spec).
+    model.__dict__[_NOTES] += prepare_prequantized(model, spec, w, fake_mode)
     blocks = find_repeated_blocks(model)
     layers = unit_layer_paths(model, spec.layer_units, num_layers)  # files events by layer
     if w.checkpointing == "blocks":
