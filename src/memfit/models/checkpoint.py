@@ -159,3 +159,45 @@ def read_checkpoint(folder: Path) -> CheckpointHeaders | None:
                 )
             tensors[name] = t
     return CheckpointHeaders(tensors, tuple(p.name for p in files), read)
+
+
+#: The sharded checkpoint's index, whose "metadata" may name the dtype (transformers'
+#: `_get_dtype`: `if is_sharded and "dtype" in sharded_metadata`).
+INDEX_FILE = "model.safetensors.index.json"
+#: What `ModelSpec.extra` holds the headers and the read dtype under.
+HEADERS_KEY = "checkpoint"
+DTYPE_KEY = "checkpoint_dtype"
+
+
+def state_dict_dtype(folder: Path, headers: CheckpointHeaders) -> tuple[str, str]:
+    """(dtype name, where it was read) as transformers 5's `dtype="auto"` reads it when the
+    config names none (modeling_utils `_get_dtype`): the sharded index's metadata "dtype", else
+    `get_state_dict_dtype` of the first file: its first floating tensor that is not float8 /
+    float4, in `safe_open(...).keys()` order (sorted names), else its first tensor's dtype."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            meta = json.loads(index.read_text()).get("metadata") or {}
+        except (OSError, json.JSONDecodeError) as e:
+            raise BadInputError(f"Cannot read {index}: {e}") from e
+        if isinstance(meta, dict) and isinstance(meta.get("dtype"), str):
+            return str(meta["dtype"]).removeprefix("torch."), f"{INDEX_FILE} metadata dtype"
+    first = headers.files[0]
+    names = sorted(n for n, t in headers.tensors.items() if t.file == first)
+    for n in names:
+        t = headers.tensors[n]
+        if t.dtype in ("F16", "BF16", "F32", "F64"):
+            return t.torch_dtype, f"{first}: first floating tensor {n!r} (safetensors header)"
+    if not names:
+        return "float32", f"{first} holds no tensor (transformers' default float32)"
+    return headers.tensors[names[0]].torch_dtype, f"{first}: first tensor {names[0]!r}"
+
+
+def checkpoint_notes(folder: Path, headers: CheckpointHeaders) -> list[str]:
+    """What the estimate says of the checkpoint's files (where its figures come from)."""
+    by_dtype = ", ".join(f"{d} {n}" for d, n in sorted(headers.bytes_by_dtype().items()))
+    return [
+        f"checkpoint {folder}: {len(headers.tensors)} tensors in {len(headers.files)} "
+        f"safetensors files, {headers.total_bytes} bytes stored (by dtype, bytes: {by_dtype}); "
+        f"read from their headers only ({headers.header_bytes_read} bytes read, no tensor data)."
+    ]

@@ -87,6 +87,7 @@ def prepare_prequantized(model: torch.nn.Module, spec: Any, w: Any, fake_mode: A
     else:
         swapped, per = _linears(model, config, keep, path, fake_mode)
         what = "linear layers"
+    checked = _against_headers(model, spec.extra.get("checkpoint"))
     if not path.kernel:
         return [f"{config.label}: {path.why}; its {swapped} {what} are traced in the model's "
                 f"dtype ({w.precision}). Kept unquantized by the config and transformers' rule "
@@ -98,7 +99,32 @@ def prepare_prequantized(model: torch.nn.Module, spec: Any, w: Any, fake_mode: A
         )
     return [f"{config.label}: {swapped} {what} keep the checkpoint's packed storage "
             f"({per}); {path.why}. Kept in 16-bit by the config and transformers' rule "
-            f"(modules_to_not_convert): {kept}; embeddings and norms stay as they are."]  # fmt: skip
+            f"(modules_to_not_convert): {kept}; embeddings and norms stay as they are."
+            + checked]  # fmt: skip
+
+
+def _against_headers(model: torch.nn.Module, headers: Any) -> str:
+    """The stand-ins' storages checked against the checkpoint's safetensors headers (same
+    name, dtype and shape), as a sentence for the note; "" without headers. A mismatch is a
+    BadInputError naming the tensor: the layout memfit would trace is not the stored one."""
+    if headers is None:
+        return ""
+    seen = 0
+    for name, p in model.named_parameters():
+        if not hasattr(p, LOGICAL_NUMEL) or name not in headers.tensors:
+            continue
+        stored = headers.tensors[name]
+        dtype = str(p.dtype).removeprefix("torch.")
+        if stored.torch_dtype != dtype or stored.shape != tuple(p.shape):
+            raise BadInputError(
+                f"{name}: the checkpoint stores {stored.torch_dtype} {list(stored.shape)} "
+                f"({stored.file}), but its quantization_config gives {dtype} {list(p.shape)}. "
+                "The config does not describe these weights: fix quantization_config."
+            )
+        seen += 1
+    if seen == 0:
+        return " (No quantized tensor of the checkpoint's headers has these names: the layout is the config's.)"  # noqa: E501
+    return f" Each of the {seen} traced quantized storages matches its safetensors header in dtype and shape."
 
 
 def _not_converted(model: torch.nn.Module, config: PrequantizedConfig) -> list[str]:
