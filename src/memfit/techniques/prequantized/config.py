@@ -60,6 +60,7 @@ class PrequantizedConfig:
         desc_act: gptq act-order (adds nothing to storage: g_idx is stored either way).
         weight_block_size: fp8 (block_n, block_k), or None for one per-tensor scale.
         static_activation: fp8 with activation_scheme "static" (an activation_scale per layer).
+        ue8m0_scales: fp8 with scale_fmt "ue8m0" (float8_e8m0fnu block scales, FP8Linear).
         skip: `modules_to_not_convert` (bitsandbytes: `llm_int8_skip_modules`); None when the
             config gives none (transformers then adds its default skips).
         bnb: for bitsandbytes, memfit's QuantizeConfig method ("nf4", "nf4-dq", "fp4", "int8")
@@ -73,6 +74,7 @@ class PrequantizedConfig:
     desc_act: bool = False
     weight_block_size: tuple[int, int] | None = None
     static_activation: bool = False
+    ue8m0_scales: bool = False
     skip: tuple[str, ...] | None = None
     bnb: tuple[str, str | None] | None = None
     raw: str = field(default="{}", repr=False)
@@ -147,7 +149,9 @@ def read_quantization_config(raw: Any, origin: str) -> PrequantizedConfig:
     if key == "fp8":
         block = parsed.weight_block_size
         static = str(raw.get("activation_scheme", "dynamic")) == "static"
+        ue8m0 = str(getattr(parsed, "scale_fmt", "float")) == "ue8m0"
         return PrequantizedConfig(method=key, skip=skip, static_activation=static, raw=text,
+                                  ue8m0_scales=ue8m0,
                                   weight_block_size=None if block is None else
                                   (int(block[0]), int(block[1])))  # fmt: skip
     if key.startswith("bitsandbytes"):

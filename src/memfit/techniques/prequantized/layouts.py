@@ -16,8 +16,8 @@ Sources (the expected names, dtypes and shapes each loader allocates):
   (K * bits // 32, N), `qzeros` int32 (K // G, N * bits // 32), `scales` float16 (K // G, N),
   `g_idx` int32 (K,).
 - FP8 fine-grained (integrations/finegrained_fp8.py `FP8Linear`): `weight` float8_e4m3fn (N, K),
-  `weight_scale_inv` float32 (ceil(N / bn), ceil(K / bk)), or a float32 scalar without
-  blocks; `activation_scale` float32 scalar when the activation scheme is static.
+  `weight_scale_inv` float32 (ceil(N / bn), ceil(K / bk)) (float8_e8m0fnu with scale_fmt
+  "ue8m0"), or a float32 scalar without blocks; `activation_scale` float32 scalar when the activation scheme is static.
 - FP8 fbgemm (integrations/fbgemm_fp8.py `FbgemmFp8Linear`): `weight` float8_e4m3fn (N, K),
   `weight_scale` float32 (N, 1), the non-persistent buffer `input_scale_ub` float32 (1,), and a
   float32 bias.
@@ -61,7 +61,8 @@ def linear_storages(config: PrequantizedConfig, n: int, k: int) -> list[QuantSto
         weight = QuantStorage("weight", (n, k), torch.float8_e4m3fn)
         block = config.weight_block_size
         shape = () if block is None else (-(-n // block[0]), -(-k // block[1]))
-        out = [weight, QuantStorage("weight_scale_inv", shape, torch.float32)]
+        scale = torch.float8_e8m0fnu if config.ue8m0_scales and block else torch.float32
+        out = [weight, QuantStorage("weight_scale_inv", shape, scale)]
         if config.static_activation:
             out.append(QuantStorage("activation_scale", (), torch.float32))
         return out

@@ -1,0 +1,298 @@
+"""Pre-quantized checkpoints: memfit's bytes per layer equal the stored bytes per layer.
+
+Where the library runs on CPU (bitsandbytes 0.50), a tiny model is quantized with it, saved,
+loaded back by transformers and its layers' storages measured. Where it needs a GPU, the
+checkpoint's tensors are written by hand from the format's specification (transformers'
+integration code; memfit.techniques.prequantized.layouts cites each) and checked against the
+tensors transformers' own module classes declare, and against the headers memfit reads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import memfit
+from memfit.errors import BadInputError
+from memfit.models.sources import resolve_model
+from memfit.techniques.prequantized import (
+    bind_prequantized,
+    forward_path,
+    read_quantization_config,
+)
+from memfit.techniques.prequantized.layouts import linear_storages
+from memfit.techniques.quantize_layouts import nbytes
+from tests.conftest import TINY_LLAMA_CONFIG
+
+E, H, I, LAYERS = 4, 64, 64, 2  # a tiny GPT-OSS: 4 experts, hidden 64, intermediate 64
+OSS_QUANT = {"quant_method": "mxfp4", "modules_to_not_convert": [
+    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}  # fmt: skip
+OSS = {
+    "model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "hidden_size": H,
+    "intermediate_size": I, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": E, "num_experts_per_tok": 2,
+    "vocab_size": 128, "layer_types": ["sliding_attention", "full_attention"],
+    "sliding_window": 8, "max_position_embeddings": 256, "quantization_config": OSS_QUANT,
+    "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                     "original_max_position_embeddings": 4096, "truncate": False},
+}  # fmt: skip
+
+
+def _traced_params(source: str, w: memfit.Workload, gpu: str | None) -> dict[str, torch.Tensor]:
+    """The parameters of the fake model memfit traces for `source` on `gpu`, by name."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memfit.cuda.target import get_gpu
+    from memfit.estimator.step_runner import _NOTES, _traced_model
+
+    spec = resolve_model(source)
+    cap = get_gpu(gpu).compute_capability if gpu else None
+    spec = bind_prequantized(spec, w, cap)
+    model, _ = _traced_model(spec, w, None, FakeTensorMode(allow_non_fake_inputs=True),
+                             torch.bfloat16, None)  # fmt: skip
+    model.__dict__.pop(_NOTES)
+    return dict(model.named_parameters())
+
+
+def _bytes_under(params: dict[str, Any], prefix: str) -> int:
+    return sum(p.numel() * p.element_size() for n, p in params.items()
+               if n.startswith(prefix + "."))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- reading, refusing
+
+
+def test_unknown_method_is_refused_by_name() -> None:
+    with pytest.raises(BadInputError, match="quant_method 'nonesuch' is not a method transformers"):
+        read_quantization_config({"quant_method": "nonesuch"}, "x/config.json")
+
+
+def test_method_memfit_does_not_model_is_refused_by_name() -> None:
+    with pytest.raises(BadInputError, match="quant_method 'hqq' is a method transformers loads"):
+        read_quantization_config({"quant_method": "hqq", "quant_config": {}}, "x/config.json")
+
+
+def test_bitsandbytes_config_reads_as_transformers_does() -> None:
+    c = read_quantization_config({"quant_method": "bitsandbytes", "load_in_4bit": True,
+                                  "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+                                  "bnb_4bit_compute_dtype": "bfloat16"}, "c")  # fmt: skip
+    assert (c.method, c.bnb) == ("bitsandbytes_4bit", ("nf4-dq", "bfloat16"))
+    assert read_quantization_config({"quant_method": "bitsandbytes", "load_in_8bit": True},
+                                    "c").bnb == ("int8", None)  # fmt: skip
+
+
+def test_forward_path_rules() -> None:
+    mx = read_quantization_config({"quant_method": "mxfp4"}, "c")
+    assert not forward_path(mx, (7, 0)).kernel  # V100: dequantized to bf16
+    assert forward_path(mx, (7, 5)).kernel and forward_path(mx, (9, 0)).kernel
+    fp8 = read_quantization_config({"quant_method": "fp8", "weight_block_size": [128, 128]}, "c")
+    assert not forward_path(fp8, (8, 6)).kernel and forward_path(fp8, (8, 9)).kernel
+    fb = read_quantization_config({"quant_method": "fbgemm_fp8"}, "c")
+    with pytest.raises(BadInputError, match="compute capability >= 9.0"):
+        forward_path(fb, (8, 9))
+
+
+def test_training_on_a_gptq_checkpoint_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_LLAMA_CONFIG, "quantization_config": {
+        "quant_method": "gptq", "bits": 4, "group_size": 32}}))  # fmt: skip
+    with pytest.raises(BadInputError, match="not training on it"):
+        memfit.estimate(str(tmp_path), memfit.Workload(batch_size=1, seq_len=8))
+
+
+# ----------------------------------------------------------------------------- MXFP4 (GPT-OSS)
+
+
+def _oss_checkpoint(folder: Path) -> Path:
+    """A tiny GPT-OSS MXFP4 checkpoint written by hand: transformers' tensors in bf16 except
+    the experts' `*_blocks` / `*_scales` (uint8, integrations/mxfp4.py), no dtype in the config
+    (as openai/gpt-oss-20b's)."""
+    from safetensors.torch import save_file
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    cfg = {k: v for k, v in OSS.items() if k not in ("model_type", "architectures",
+                                                      "quantization_config")}  # fmt: skip
+    model = GptOssForCausalLM(GptOssConfig(**cfg)).to(torch.bfloat16)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()
+          if not k.endswith(("experts.gate_up_proj", "experts.down_proj"))}  # fmt: skip
+    for layer in range(LAYERS):
+        p = f"model.layers.{layer}.mlp.experts."
+        sd[p + "gate_up_proj_blocks"] = torch.randint(0, 255, (E, 2 * I, H // 32, 16),
+                                                      dtype=torch.uint8)  # fmt: skip
+        sd[p + "gate_up_proj_scales"] = torch.full((E, 2 * I, H // 32), 127, dtype=torch.uint8)
+        sd[p + "down_proj_blocks"] = torch.randint(0, 255, (E, H, I // 32, 16), dtype=torch.uint8)
+        sd[p + "down_proj_scales"] = torch.full((E, H, I // 32), 127, dtype=torch.uint8)
+    save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(OSS))
+    return folder
+
+
+#: One experts module, kernel path: blocks (E, N, K/32, 16) and scales (E, N, K/32) uint8 of
+#: gate_up (N = 2I, K = H) and down (N = H, K = I), biases float32 (E, 2I) and (E, H).
+OSS_KERNEL_LAYER = (E * 2 * I * H // 2 + E * 2 * I * H // 32 + E * H * I // 2 + E * H * I // 32
+                    + 4 * (E * 2 * I + E * H))  # fmt: skip
+
+
+def test_mxfp4_kernel_path_storage_per_layer(tmp_path: Path) -> None:
+    from transformers import GptOssConfig
+    from transformers.integrations.mxfp4 import Mxfp4GptOssExperts
+
+    src = str(_oss_checkpoint(tmp_path))
+    w = memfit.Workload(mode="inference", batch_size=1, seq_len=8, precision="bf16-true")
+    params = _traced_params(src, w, "rtx-4090")
+    for layer in range(LAYERS):
+        assert _bytes_under(params, f"model.layers.{layer}.mlp.experts") == OSS_KERNEL_LAYER
+    # The packed weights transformers' own Mxfp4GptOssExperts declares: the same bytes.
+    cfg = {k: v for k, v in OSS.items() if k not in ("model_type", "architectures")}
+    with torch.device("meta"):
+        real = Mxfp4GptOssExperts(GptOssConfig(**cfg))
+    assert sum(p.numel() * p.element_size() for p in real.parameters()) == OSS_KERNEL_LAYER - (
+        E * 2 * I * H // 32 + E * H * I // 32)  # its scales live in the kernels' precision config
+    # The header check ran (a mismatch raises) and the 16-bit layers are those of the config.
+    prof = memfit.estimate(src, w.with_(gpu="rtx-4090"))
+    note = next(n for n in prof.notes if n.startswith("MXFP4"))
+    assert "matches its safetensors header" in note and "model.layers.*.self_attn" in note
+
+
+def test_mxfp4_fallback_equals_what_transformers_loads_on_cpu(tmp_path: Path) -> None:
+    """Below 7.5 (a V100) transformers dequantizes the experts to bf16, as it does on CPU
+    without kernels: the model it loads here is that fallback's storage, layer by layer."""
+    from transformers import AutoModelForCausalLM
+
+    src = str(_oss_checkpoint(tmp_path))
+    loaded = AutoModelForCausalLM.from_pretrained(src)  # CPU: Mxfp4Config dequantize=True
+    real = dict(loaded.named_parameters())
+    w = memfit.Workload(mode="inference", batch_size=1, seq_len=8, precision="auto")
+    from memfit.estimator.auto_precision import resolve_precision
+
+    spec, w = resolve_precision(resolve_model(src), w)
+    assert w.precision == "bf16-true"  # the headers' first floating tensor, as transformers
+    traced = _traced_params(src, w, "v100-16gb")
+    for layer in range(LAYERS):
+        prefix = f"model.layers.{layer}.mlp.experts"
+        assert _bytes_under(traced, prefix) == _bytes_under(real, prefix) == 2 * (
+            E * H * 2 * I + E * 2 * I + E * I * H + E * H)
+
+
+# ----------------------------------------------------------------------------- bitsandbytes
+
+
+@pytest.mark.parametrize("kind", ["nf4-dq", "int8"])
+def test_bitsandbytes_serialized_per_layer_bytes(tmp_path: Path, kind: str) -> None:
+    pytest.importorskip("bitsandbytes")
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig
+    from transformers import LlamaForCausalLM
+
+    cfg = {k: v for k, v in TINY_LLAMA_CONFIG.items() if k not in ("model_type", "architectures")}
+    LlamaForCausalLM(LlamaConfig(**cfg)).save_pretrained(tmp_path / "fp")
+    q = (BitsAndBytesConfig(load_in_8bit=True) if kind == "int8" else BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16))  # fmt: skip
+    AutoModelForCausalLM.from_pretrained(tmp_path / "fp", quantization_config=q,
+                                         dtype=torch.bfloat16, device_map="cpu"
+                                         ).save_pretrained(tmp_path / "q")  # fmt: skip
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "q", device_map="cpu")
+    w = memfit.Workload(mode="inference", batch_size=1, seq_len=8, precision="bf16-true")
+    traced = _traced_params(str(tmp_path / "q"), w, None)
+    checked = 0
+    for name, mod in back.named_modules():
+        if type(mod).__name__ not in ("Linear4bit", "Linear8bitLt"):
+            continue
+        wt = mod.weight
+        if kind == "int8":
+            real = [wt.data, wt.SCB]
+        else:
+            qs = wt.quant_state
+            real = [wt.data, qs.absmax, qs.code, qs.offset, qs.state2.absmax, qs.state2.code]
+        assert _bytes_under(traced, name) == sum(t.numel() * t.element_size() for t in real)
+        checked += 1
+    assert checked == 7 * TINY_LLAMA_CONFIG["num_hidden_layers"]  # lm_head kept, as transformers
+
+
+# ----------------------------------------------------------------------------- AWQ, GPTQ, FP8
+
+
+def _layer_from_spec(method: str, n: int, k: int, **cfg: Any) -> dict[str, tuple[str, tuple]]:
+    config = read_quantization_config({"quant_method": method, **cfg}, "c")
+    return {s.name: (str(s.dtype).removeprefix("torch."), s.shape)
+            for s in linear_storages(config, n, k)}  # fmt: skip
+
+
+def test_awq_gemm_layout_by_hand() -> None:
+    """AWQ GEMM, 4-bit, group 128, an 11008 x 4096 (up_proj of a 7B) layer: qweight
+    (K, N/8), qzeros (K/128, N/8) int32, scales (K/128, N) fp16."""
+    got = _layer_from_spec("awq", 11008, 4096, bits=4, group_size=128, version="gemm")
+    assert got == {"qweight": ("int32", (4096, 1376)), "qzeros": ("int32", (32, 1376)),
+                   "scales": ("float16", (32, 11008))}  # fmt: skip
+    config = read_quantization_config({"quant_method": "awq", "bits": 4, "group_size": 128}, "c")
+    assert nbytes(linear_storages(config, 11008, 4096)) == 4096 * 11008 // 2 + 32 * 1376 * 4 + (
+        32 * 11008 * 2)
+
+
+def test_gptq_layout_by_hand() -> None:
+    got = _layer_from_spec("gptq", 11008, 4096, bits=4, group_size=128, desc_act=False)
+    assert got == {"qweight": ("int32", (512, 11008)), "qzeros": ("int32", (32, 1376)),
+                   "scales": ("float16", (32, 11008)), "g_idx": ("int32", (4096,))}  # fmt: skip
+    got8 = _layer_from_spec("gptq", 4096, 4096, bits=8, group_size=-1)
+    assert got8["qweight"] == ("int32", (1024, 4096)) and got8["scales"] == ("float16", (1, 4096))
+
+
+def test_fp8_layouts_equal_transformers_modules() -> None:
+    """The tensors transformers' FP8Linear and FbgemmFp8Linear declare (built on meta)."""
+    from transformers.integrations.fbgemm_fp8 import FbgemmFp8Linear
+    from transformers.integrations.finegrained_fp8 import FP8Linear
+
+    n, k = 300, 520  # not multiples of 128: the block scales round up
+    with torch.device("meta"):
+        fg = FP8Linear(k, n, block_size=(128, 128))
+        ue = FP8Linear(k, n, block_size=(128, 128), scale_fmt="ue8m0")
+        fb = FbgemmFp8Linear(k, n, bias=False)
+    real_fg = {name: (str(t.dtype).removeprefix("torch."), tuple(t.shape))
+               for name, t in [*fg.named_parameters(), *fg.named_buffers()]}  # fmt: skip
+    assert _layer_from_spec("fp8", n, k, weight_block_size=[128, 128]) == real_fg
+    assert real_fg["weight_scale_inv"] == ("float32", (3, 5))
+    ue8m0 = _layer_from_spec("fp8", n, k, weight_block_size=[128, 128], scale_fmt="ue8m0")
+    assert ue8m0["weight_scale_inv"] == (str(ue.weight_scale_inv.dtype).removeprefix("torch."),
+                                         (3, 5))  # fmt: skip
+    real_fb = {name: (str(t.dtype).removeprefix("torch."), tuple(t.shape))
+               for name, t in [*fb.named_parameters(), *fb.named_buffers()]}  # fmt: skip
+    assert _layer_from_spec("fbgemm_fp8", n, k) == real_fb
+
+
+@pytest.mark.parametrize("method,cfg", [
+    ("awq", {"bits": 4, "group_size": 32}), ("gptq", {"bits": 4, "group_size": 32}),
+    ("fp8", {"weight_block_size": [32, 32]}), ("fbgemm_fp8", {}),
+])  # fmt: skip
+def test_hand_written_checkpoint_traces_its_headers(tmp_path: Path, method: str,
+                                                    cfg: dict[str, Any]) -> None:  # fmt: skip
+    """A checkpoint written from the spec's shapes: every quantized linear of the trace has the
+    header's dtype and shape (the check raises otherwise), and the kept lm_head stays."""
+    from safetensors.torch import save_file
+
+    quant = {"quant_method": method, **cfg}
+    config = read_quantization_config(quant, "c")
+    tensors = {}
+    shapes = {"q_proj": (64, 64), "k_proj": (32, 64), "v_proj": (32, 64), "o_proj": (64, 64),
+              "gate_proj": (128, 64), "up_proj": (128, 64), "down_proj": (64, 128)}  # fmt: skip
+    for layer in range(2):
+        for proj, (n, k) in shapes.items():
+            part = "self_attn" if proj.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp"
+            for s in linear_storages(config, n, k):
+                tensors[f"model.layers.{layer}.{part}.{proj}.{s.name}"] = torch.zeros(s.shape,
+                                                                                      dtype=s.dtype)
+    tensors["lm_head.weight"] = torch.zeros((128, 64), dtype=torch.bfloat16)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_LLAMA_CONFIG,
+                                                      "quantization_config": quant}))  # fmt: skip
+    w = memfit.Workload(mode="inference", batch_size=1, seq_len=8, precision="bf16-true")
+    traced = _traced_params(str(tmp_path), w, "h100-sxm")
+    for name, t in tensors.items():
+        if name != "lm_head.weight":
+            assert (traced[name].dtype, tuple(traced[name].shape)) == (t.dtype, tuple(t.shape))
+    assert traced["lm_head.weight"].dtype == torch.bfloat16
+    prof = memfit.estimate(str(tmp_path), w.with_(gpu="h100-sxm"))
+    assert any("Each of the 14 traced quantized storages" in n or "traced quantized storages"
+               in n for n in prof.notes)  # fmt: skip
