@@ -109,8 +109,9 @@ def test_folder_estimate_reads_precision_from_headers(tmp_path: Path) -> None:
     save_file({k: v.contiguous() for k, v in model.state_dict().items()},
               str(tmp_path / "model.safetensors"))  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA_CONFIG))
-    prof = memfit.estimate(str(tmp_path), memfit.Workload(mode="inference", batch_size=1,
-                                                          seq_len=8, precision="auto"))
+    prof = memfit.estimate(
+        str(tmp_path), memfit.Workload(mode="inference", batch_size=1, seq_len=8, precision="auto")
+    )
     assert prof.workload.precision == "fp16-true"
     stored = sum(v.numel() * 2 for v in model.state_dict().values())
     assert any(f"{stored} bytes stored" in n for n in prof.notes)

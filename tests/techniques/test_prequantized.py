@@ -28,9 +28,14 @@ from memfit.techniques.prequantized.layouts import linear_storages
 from memfit.techniques.quantize_layouts import nbytes
 from tests.conftest import TINY_LLAMA_CONFIG
 
-E, H, I, LAYERS = 4, 64, 64, 2  # a tiny GPT-OSS: 4 experts, hidden 64, intermediate 64
-OSS_QUANT = {"quant_method": "mxfp4", "modules_to_not_convert": [
-    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}  # fmt: skip
+E, H, I, LAYERS = 4, 64, 64, 2  # noqa: E741  (a tiny GPT-OSS: experts, hidden, intermediate)
+OSS_SKIP = [
+    "model.layers.*.self_attn",
+    "model.layers.*.mlp.router",
+    "model.embed_tokens",
+    "lm_head",
+]
+OSS_QUANT = {"quant_method": "mxfp4", "modules_to_not_convert": OSS_SKIP}
 OSS = {
     "model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "hidden_size": H,
     "intermediate_size": I, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
@@ -67,7 +72,9 @@ def _bytes_under(params: dict[str, Any], prefix: str) -> int:
 
 
 def test_unknown_method_is_refused_by_name() -> None:
-    with pytest.raises(BadInputError, match="quant_method 'nonesuch' is not a method transformers"):
+    with pytest.raises(
+        BadInputError, match=r"quant_method 'nonesuch' is not a method transformers"
+    ):
         read_quantization_config({"quant_method": "nonesuch"}, "x/config.json")
 
 
@@ -92,7 +99,7 @@ def test_forward_path_rules() -> None:
     fp8 = read_quantization_config({"quant_method": "fp8", "weight_block_size": [128, 128]}, "c")
     assert not forward_path(fp8, (8, 6)).kernel and forward_path(fp8, (8, 9)).kernel
     fb = read_quantization_config({"quant_method": "fbgemm_fp8"}, "c")
-    with pytest.raises(BadInputError, match="compute capability >= 9.0"):
+    with pytest.raises(BadInputError, match=r"compute capability >= 9\.0"):
         forward_path(fb, (8, 9))
 
 
@@ -150,7 +157,8 @@ def test_mxfp4_kernel_path_storage_per_layer(tmp_path: Path) -> None:
     with torch.device("meta"):
         real = Mxfp4GptOssExperts(GptOssConfig(**cfg))
     assert sum(p.numel() * p.element_size() for p in real.parameters()) == OSS_KERNEL_LAYER - (
-        E * 2 * I * H // 32 + E * H * I // 32)  # its scales live in the kernels' precision config
+        E * 2 * I * H // 32 + E * H * I // 32
+    )  # its scales live in the kernels' precision config
     # The header check ran (a mismatch raises) and the 16-bit layers are those of the config.
     prof = memfit.estimate(src, w.with_(gpu="rtx-4090"))
     note = next(n for n in prof.notes if n.startswith("MXFP4"))
@@ -168,13 +176,16 @@ def test_mxfp4_fallback_equals_what_transformers_loads_on_cpu(tmp_path: Path) ->
     w = memfit.Workload(mode="inference", batch_size=1, seq_len=8, precision="auto")
     from memfit.estimator.auto_precision import resolve_precision
 
-    spec, w = resolve_precision(resolve_model(src), w)
+    _, w = resolve_precision(resolve_model(src), w)
     assert w.precision == "bf16-true"  # the headers' first floating tensor, as transformers
     traced = _traced_params(src, w, "v100-16gb")
     for layer in range(LAYERS):
         prefix = f"model.layers.{layer}.mlp.experts"
-        assert _bytes_under(traced, prefix) == _bytes_under(real, prefix) == 2 * (
-            E * H * 2 * I + E * 2 * I + E * I * H + E * H)
+        assert (
+            _bytes_under(traced, prefix)
+            == _bytes_under(real, prefix)
+            == 2 * (E * H * 2 * I + E * 2 * I + E * I * H + E * H)
+        )
 
 
 # ----------------------------------------------------------------------------- bitsandbytes
@@ -183,8 +194,7 @@ def test_mxfp4_fallback_equals_what_transformers_loads_on_cpu(tmp_path: Path) ->
 @pytest.mark.parametrize("kind", ["nf4-dq", "int8"])
 def test_bitsandbytes_serialized_per_layer_bytes(tmp_path: Path, kind: str) -> None:
     pytest.importorskip("bitsandbytes")
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
 
     cfg = {k: v for k, v in TINY_LLAMA_CONFIG.items() if k not in ("model_type", "architectures")}
     LlamaForCausalLM(LlamaConfig(**cfg)).save_pretrained(tmp_path / "fp")
@@ -229,7 +239,8 @@ def test_awq_gemm_layout_by_hand() -> None:
                    "scales": ("float16", (32, 11008))}  # fmt: skip
     config = read_quantization_config({"quant_method": "awq", "bits": 4, "group_size": 128}, "c")
     assert nbytes(linear_storages(config, 11008, 4096)) == 4096 * 11008 // 2 + 32 * 1376 * 4 + (
-        32 * 11008 * 2)
+        32 * 11008 * 2
+    )
 
 
 def test_gptq_layout_by_hand() -> None:
@@ -281,8 +292,9 @@ def test_hand_written_checkpoint_traces_its_headers(tmp_path: Path, method: str,
         for proj, (n, k) in shapes.items():
             part = "self_attn" if proj.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp"
             for s in linear_storages(config, n, k):
-                tensors[f"model.layers.{layer}.{part}.{proj}.{s.name}"] = torch.zeros(s.shape,
-                                                                                      dtype=s.dtype)
+                tensors[f"model.layers.{layer}.{part}.{proj}.{s.name}"] = torch.zeros(
+                    s.shape, dtype=s.dtype
+                )
     tensors["lm_head.weight"] = torch.zeros((128, 64), dtype=torch.bfloat16)
     save_file(tensors, str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text(json.dumps({**TINY_LLAMA_CONFIG,
@@ -296,3 +308,32 @@ def test_hand_written_checkpoint_traces_its_headers(tmp_path: Path, method: str,
     prof = memfit.estimate(str(tmp_path), w.with_(gpu="h100-sxm"))
     assert any("Each of the 14 traced quantized storages" in n or "traced quantized storages"
                in n for n in prof.notes)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- 8B examples
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "checkpoints"
+#: Llama-3.1-8B's linear layers of one block, (out, in).
+LLAMA8B_LINEARS = [(4096, 4096), (1024, 4096), (1024, 4096), (4096, 4096),
+                   (14336, 4096), (14336, 4096), (4096, 14336)]  # fmt: skip
+LLAMA8B_16BIT = 2 * (2 * 128256 * 4096 + 32 * 2 * 4096 + 4096)  # embed, lm_head, norms (bf16)
+
+
+def _quantized_layer(method: str, n: int, k: int) -> int:
+    """Bytes of one quantized n x k layer, by hand from each format's shapes."""
+    if method == "awq":  # qweight (k, n/8) + qzeros (k/128, n/8) int32 + scales (k/128, n) fp16
+        return k * n // 2 + (k // 128) * (n // 8) * 4 + (k // 128) * n * 2
+    if method == "gptq":  # qweight (k/8, n) + qzeros + scales as AWQ + g_idx (k,) int32
+        return k * n // 2 + (k // 128) * (n // 8) * 4 + (k // 128) * n * 2 + 4 * k
+    if method == "fp8":  # weight (n, k) fp8 + weight_scale_inv (n/128, k/128) fp32
+        return n * k + (n // 128) * (k // 128) * 4
+    return n * k + n * 4 + 4  # fbgemm: weight fp8 + weight_scale (n, 1) + input_scale_ub (1,)
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq", "fp8", "fbgemm-fp8"])
+def test_llama_8b_examples_weights_by_hand(method: str) -> None:
+    w = memfit.Workload(mode="inference", batch_size=1, seq_len=8, precision="bf16-true")
+    params = _traced_params(str(EXAMPLES / f"llama-3.1-8b-{method}"), w, "h100-sxm")
+    per_block = sum(_quantized_layer(method, n, k) for n, k in LLAMA8B_LINEARS)
+    total = sum(p.numel() * p.element_size() for p in params.values())
+    assert total == 32 * per_block + LLAMA8B_16BIT

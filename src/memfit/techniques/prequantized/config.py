@@ -44,7 +44,8 @@ FP8_MIN_CAPABILITY = (8, 9)
 #: quantizer_fbgemm_fp8.py: `if major < 9: raise ValueError(...)`.
 FBGEMM_FP8_MIN_CAPABILITY = (9, 0)
 #: MXFP4 packs 32 values per scale (`*_scales` is (..., K // 32)) and two values per byte
-#: (`*_blocks` is (..., K // 32, 16)): transformers/integrations/mxfp4.py, convert_moe_packed_tensors.
+#: (`*_blocks` is (..., K // 32, 16)): transformers/integrations/mxfp4.py,
+#: `convert_moe_packed_tensors`.
 MXFP4_BLOCK = 32
 
 
@@ -84,8 +85,11 @@ class PrequantizedConfig:
         if self.method in ("awq", "gptq"):
             return f"{self.method.upper()} {self.bits}-bit, group {self.group_size}"
         if self.method == "fp8":
-            block = "per-tensor" if self.weight_block_size is None else (
-                f"blocks {self.weight_block_size[0]}x{self.weight_block_size[1]}")
+            block = (
+                "per-tensor"
+                if self.weight_block_size is None
+                else (f"blocks {self.weight_block_size[0]}x{self.weight_block_size[1]}")
+            )
             return f"FP8 (fine-grained, {block})"
         if self.method == "fbgemm_fp8":
             return "FP8 (fbgemm, per-row)"
@@ -177,6 +181,12 @@ def _skip(parsed: Any, key: str) -> tuple[str, ...] | None:
 def _bnb(parsed: Any, key: str) -> tuple[str, str | None]:
     if key == "bitsandbytes_8bit":
         return "int8", None
+    storage = str(getattr(parsed, "bnb_4bit_quant_storage", "uint8")).removeprefix("torch.")
+    if storage != "uint8":
+        raise BadInputError(
+            f"bnb_4bit_quant_storage {storage!r} (FSDP-QLoRA's packing): memfit models "
+            "bitsandbytes' uint8 storage. Save the checkpoint with the default quant_storage."
+        )
     quant = str(parsed.bnb_4bit_quant_type)
     method = "nf4-dq" if quant == "nf4" and parsed.bnb_4bit_use_double_quant else quant
     compute = parsed.bnb_4bit_compute_dtype
@@ -187,23 +197,42 @@ def forward_path(config: PrequantizedConfig, capability: tuple[int, int] | None)
     """The kernel or dequantized path transformers takes on a GPU of `capability` (None: no
     GPU named, the kernel path of a capable GPU is assumed and said)."""
     m = config.method
-    cc = "no GPU named" if capability is None else f"compute capability {capability[0]}.{capability[1]}"
+    cc = (
+        "no GPU named"
+        if capability is None
+        else f"compute capability {capability[0]}.{capability[1]}"
+    )
     if m == "mxfp4":
         if capability is not None and capability < MXFP4_MIN_CAPABILITY:
-            return ForwardPath(False, (
-                f"{cc} is below the 7.5 transformers' Mxfp4HfQuantizer requires "
-                "(quantizer_mxfp4.py validate_environment): it dequantizes the experts to bf16"))
-        return ForwardPath(True, (
-            f"{cc}: the experts keep their MXFP4 blocks and run the Triton matmul_ogs kernels "
-            "(capability >= 7.5; transformers also needs triton >= 3.4.0 and the `kernels` "
-            "package on that machine, else it dequantizes to bf16 as below 7.5)"))
+            return ForwardPath(
+                False,
+                (
+                    f"{cc} is below the 7.5 transformers' Mxfp4HfQuantizer requires "
+                    "(quantizer_mxfp4.py validate_environment): it dequantizes the experts to bf16"
+                ),
+            )
+        return ForwardPath(
+            True,
+            (
+                f"{cc}: the experts keep their MXFP4 blocks and run the Triton matmul_ogs kernels "
+                "(capability >= 7.5; transformers also needs triton >= 3.4.0 and the `kernels` "
+                "package on that machine, else it dequantizes to bf16 as below 7.5)"
+            ),
+        )
     if m == "fp8":
         if capability is not None and capability < FP8_MIN_CAPABILITY:
-            return ForwardPath(False, (
-                f"{cc} is below the 8.9 transformers' FineGrainedFP8HfQuantizer requires "
-                "(quantizer_finegrained_fp8.py): it dequantizes the weights to bf16"))
-        return ForwardPath(True, f"{cc}: FP8 weights with per-token FP8 activations (Triton "
-                                 "w8a8 block matmul, or DeepGEMM on 9.0+)")
+            return ForwardPath(
+                False,
+                (
+                    f"{cc} is below the 8.9 transformers' FineGrainedFP8HfQuantizer requires "
+                    "(quantizer_finegrained_fp8.py): it dequantizes the weights to bf16"
+                ),
+            )
+        return ForwardPath(
+            True,
+            f"{cc}: FP8 weights with per-token FP8 activations (Triton "
+            "w8a8 block matmul, or DeepGEMM on 9.0+)",
+        )
     if m == "fbgemm_fp8":
         if capability is not None and capability < FBGEMM_FP8_MIN_CAPABILITY:
             raise BadInputError(
@@ -213,8 +242,12 @@ def forward_path(config: PrequantizedConfig, capability: tuple[int, int] | None)
             )
         return ForwardPath(True, f"{cc}: fbgemm's f8f8bf16_rowwise with per-row FP8 inputs")
     if m in ("awq", "gptq"):
-        return ForwardPath(True, (
-            f"{cc}: packed {config.bits}-bit weights; memfit assumes the dequantize-then-matmul "
-            "path for a prefill (a full fp16 copy of one layer's weight at a time) and the "
-            "fused kernel for decode"))
+        return ForwardPath(
+            True,
+            (
+                f"{cc}: packed {config.bits}-bit weights; memfit assumes the dequantize-then-"
+                "matmul path from 1024 rows (a float16 copy of one layer's weight at a time) "
+                "and the fused kernel below"
+            ),
+        )
     return ForwardPath(True, f"{cc}: bitsandbytes' CUDA kernels (memfit.techniques.quantize)")

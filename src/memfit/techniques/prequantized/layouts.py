@@ -17,7 +17,8 @@ Sources (the expected names, dtypes and shapes each loader allocates):
   `g_idx` int32 (K,).
 - FP8 fine-grained (integrations/finegrained_fp8.py `FP8Linear`): `weight` float8_e4m3fn (N, K),
   `weight_scale_inv` float32 (ceil(N / bn), ceil(K / bk)) (float8_e8m0fnu with scale_fmt
-  "ue8m0"), or a float32 scalar without blocks; `activation_scale` float32 scalar when the activation scheme is static.
+  "ue8m0"), or a float32 scalar without blocks; `activation_scale` float32 scalar when the
+  activation scheme is static.
 - FP8 fbgemm (integrations/fbgemm_fp8.py `FbgemmFp8Linear`): `weight` float8_e4m3fn (N, K),
   `weight_scale` float32 (N, 1), the non-persistent buffer `input_scale_ub` float32 (1,), and a
   float32 bias.

@@ -88,6 +88,11 @@ def prepare_prequantized(model: torch.nn.Module, spec: Any, w: Any, fake_mode: A
         swapped, per = _linears(model, config, keep, path, fake_mode)
         what = "linear layers"
     checked = _against_headers(model, spec.extra.get("checkpoint"))
+    if config.method == "awq" and w.precision.startswith("bf16"):
+        checked += (
+            " transformers loads an AWQ model in float16 on CUDA when bfloat16 is asked "
+            "(quantizer_awq.py update_dtype): the same bytes."
+        )
     if not path.kernel:
         return [f"{config.label}: {path.why}; its {swapped} {what} are traced in the model's "
                 f"dtype ({w.precision}). Kept unquantized by the config and transformers' rule "
@@ -123,16 +128,23 @@ def _against_headers(model: torch.nn.Module, headers: Any) -> str:
             )
         seen += 1
     if seen == 0:
-        return " (No quantized tensor of the checkpoint's headers has these names: the layout is the config's.)"  # noqa: E501
-    return f" Each of the {seen} traced quantized storages matches its safetensors header in dtype and shape."
+        return (
+            " No quantized tensor of the checkpoint's headers has these names: the layout is "
+            "the config's."
+        )
+    return (
+        f" Each of the {seen} traced quantized storages matches its safetensors header in "
+        "dtype and shape."
+    )
 
 
 def _not_converted(model: torch.nn.Module, config: PrequantizedConfig) -> list[str]:
     from transformers.quantizers.base import HfQuantizer
 
     skip = None if config.skip is None else list(config.skip)
+    hf: Any = model  # a transformers PreTrainedModel (memfit builds it from the config)
     return sorted(HfQuantizer.get_modules_to_not_convert(
-        model, skip, getattr(model, "_keep_in_fp32_modules", None),
+        hf, skip, getattr(hf, "_keep_in_fp32_modules", None),
         add_default_skips=config.method == "awq"))  # fmt: skip
 
 
@@ -214,8 +226,10 @@ def _linears(model: torch.nn.Module, config: PrequantizedConfig, keep: list[str]
 
 
 def _group_text(config: PrequantizedConfig) -> str:
-    return (f"qweight/qzeros int32, {config.bits} bits in 32, scales float16 per group of "
-            f"{config.group_size}" + (", g_idx int32" if config.method == "gptq" else ""))
+    return (
+        f"qweight/qzeros int32, {config.bits} bits in 32, scales float16 per group of "
+        f"{config.group_size}" + (", g_idx int32" if config.method == "gptq" else "")
+    )
 
 
 def _gptq_blocks(model: torch.nn.Module, config: PrequantizedConfig) -> list[str]:
@@ -246,12 +260,14 @@ def _refuse_fused_experts(model: torch.nn.Module, config: PrequantizedConfig) ->
 class Mxfp4MlpStandIn(torch.nn.Module):
     """`Mxfp4GptOssMLP` with its experts' packed storages (fake)."""
 
-    def __init__(self, router: torch.nn.Module, experts: torch.nn.Module) -> None:
+    def __init__(self, router: Any, experts: Any) -> None:
         super().__init__()
-        self.router = router
+        self.router: Any = router
         self.experts = torch.nn.Module()
-        e, h, i = experts.num_experts, experts.hidden_size, experts.intermediate_size
-        self.num_experts, self.hidden, self.intermediate = e, h, i
+        e, h, i = int(experts.num_experts), int(experts.hidden_size), int(experts.intermediate_size)
+        self.num_experts: int = e
+        self.hidden: int = h
+        self.intermediate: int = i
         logical = e * h * 2 * i
         storages = mxfp4_expert_storages(e, h, i)
         _storages_of(self.experts, storages[:2], logical)
@@ -307,7 +323,7 @@ def _bitsandbytes(model: torch.nn.Module, config: PrequantizedConfig, w: Any,
     qc = QuantizeConfig(method=method, compute_dtype=compute, skip=config.skip or ())
     with fake_mode:
         notes = quantize_for_trace(model, qc, fake_mode, w.training)
-    return [f"bitsandbytes-serialized checkpoint (quantization_config): " + notes[0]]
+    return ["bitsandbytes-serialized checkpoint (quantization_config): " + notes[0]]
 
 
 def layer_kinds(names: list[str]) -> list[str]:
