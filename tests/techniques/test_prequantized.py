@@ -162,7 +162,8 @@ def test_mxfp4_kernel_path_storage_per_layer(tmp_path: Path) -> None:
     # The header check ran (a mismatch raises) and the 16-bit layers are those of the config.
     prof = memfit.estimate(src, w.with_(gpu="rtx-4090"))
     note = next(n for n in prof.notes if n.startswith("MXFP4"))
-    assert "matches its safetensors header" in note and "model.layers.*.self_attn" in note
+    assert f"Each of the {4 * LAYERS} quantized storages of the traced layers matches" in note
+    assert "model.layers.*.self_attn" in note
 
 
 def test_mxfp4_fallback_equals_what_transformers_loads_on_cpu(tmp_path: Path) -> None:
@@ -306,8 +307,8 @@ def test_hand_written_checkpoint_traces_its_headers(tmp_path: Path, method: str,
             assert (traced[name].dtype, tuple(traced[name].shape)) == (t.dtype, tuple(t.shape))
     assert traced["lm_head.weight"].dtype == torch.bfloat16
     prof = memfit.estimate(str(tmp_path), w.with_(gpu="h100-sxm"))
-    assert any("Each of the 14 traced quantized storages" in n or "traced quantized storages"
-               in n for n in prof.notes)  # fmt: skip
+    stored = f"Each of the {len(tensors) - 1} quantized storages of the traced layers matches"
+    assert any(stored in n for n in prof.notes)
 
 
 # ----------------------------------------------------------------------------- 8B examples
@@ -337,3 +338,98 @@ def test_llama_8b_examples_weights_by_hand(method: str) -> None:
     per_block = sum(_quantized_layer(method, n, k) for n, k in LLAMA8B_LINEARS)
     total = sum(p.numel() * p.element_size() for p in params.values())
     assert total == 32 * per_block + LLAMA8B_16BIT
+
+
+# ----------------------------------------------------------------------------- compressed-tensors
+
+CT_SCHEMES = {
+    "fp8-channel": ("float-quantized", {"num_bits": 8, "type": "float", "strategy": "channel"},
+                    {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}),
+    "fp8-static": ("float-quantized", {"num_bits": 8, "type": "float", "strategy": "tensor"},
+                   {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}),
+    "w4a16-group": ("pack-quantized", {"num_bits": 4, "type": "int", "strategy": "group",
+                                       "group_size": 32}, None),
+}  # fmt: skip
+
+
+def _ct_checkpoint(folder: Path, scheme: str) -> Path:
+    """A tiny llama quantized and compressed by compressed-tensors itself, saved as
+    llm-compressor saves one (ModelCompressor.compress_model, save_pretrained, update_config)."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import (
+        QuantizationArgs,
+        QuantizationConfig,
+        QuantizationScheme,
+        QuantizationStatus,
+        apply_quantization_config,
+    )
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    fmt, weights, inputs = CT_SCHEMES[scheme]
+    cfg = {k: v for k, v in TINY_LLAMA_CONFIG.items() if k not in ("model_type", "architectures")}
+    model = LlamaForCausalLM(LlamaConfig(**cfg)).to(torch.bfloat16)
+    acts = QuantizationArgs(**inputs) if inputs else None
+    group = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(**weights),
+                               input_activations=acts)  # fmt: skip
+    config = QuantizationConfig(config_groups={"group_0": group}, ignore=["lm_head"], format=fmt,
+                                quantization_status=QuantizationStatus.INITIALIZED)  # fmt: skip
+    apply_quantization_config(model, config)
+    for mod in model.modules():
+        for name in ("weight_scale", "input_scale"):
+            if hasattr(mod, name):
+                getattr(mod, name).data.fill_(0.01)
+    compressor = ModelCompressor.from_pretrained_model(model, quantization_format=fmt)
+    compressor.compress_model(model)
+    model.save_pretrained(folder)
+    compressor.update_config(folder)
+    return folder
+
+
+@pytest.mark.parametrize("scheme", list(CT_SCHEMES))
+def test_compressed_tensors_per_layer_bytes(tmp_path: Path, scheme: str) -> None:
+    """Stored bytes per layer (as transformers loads the checkpoint) equal memfit's compressed
+    layout and the headers; after the first forward (compressed-tensors decompresses every
+    layer) they equal the layers memfit traces."""
+    pytest.importorskip("compressed_tensors")
+    from transformers import AutoModelForCausalLM
+
+    from memfit.techniques.prequantized.layouts import ct_storages
+
+    src = str(_ct_checkpoint(tmp_path, scheme))
+    loaded = AutoModelForCausalLM.from_pretrained(src, device_map="cpu")
+    names = [n for n, m in loaded.named_modules() if n.startswith("model.layers.")
+             and hasattr(m, "weight_scale")]  # fmt: skip
+    assert len(names) == 14
+
+    def stored(mod: torch.nn.Module) -> int:
+        own = [*mod.parameters(recurse=False), *mod.buffers(recurse=False)]
+        return sum(t.numel() * t.element_size() for t in own)
+
+    config = read_quantization_config(json.loads((tmp_path / "config.json").read_text())[
+        "quantization_config"], src)  # fmt: skip
+    at_load = {n: stored(loaded.get_submodule(n)) for n in names}
+    for n in names:
+        shape = loaded.get_submodule(n)
+        out, inp = (shape.out_features, shape.in_features)
+        assert at_load[n] == nbytes(ct_storages(config, out, inp, torch.bfloat16))
+    with torch.no_grad():
+        loaded(torch.randint(0, 128, (1, 8)))  # decompresses every layer
+    w = memfit.Workload(mode="inference", batch_size=1, seq_len=8, precision="bf16-true")
+    traced = _traced_params(src, w, "h100-sxm")
+    for n in names:
+        assert _bytes_under(traced, n) == stored(loaded.get_submodule(n))
+    prof = memfit.estimate(src, w.with_(gpu="h100-sxm"))
+    assert any("decompress every layer on the first forward" in t and
+               "Each of the" in t for t in prof.notes)  # fmt: skip
+
+
+def test_compressed_tensors_two_groups_is_refused_by_name() -> None:
+    pytest.importorskip("compressed_tensors")
+    raw = {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {
+        "a": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float",
+                                                 "strategy": "channel"}},
+        "b": {"targets": ["re:.*experts.*"], "weights": {"num_bits": 4, "type": "int",
+                                                         "strategy": "group", "group_size": 32}},
+    }}  # fmt: skip
+    with pytest.raises(BadInputError, match="compressed-tensors with 2 config groups"):
+        read_quantization_config(raw, "c")

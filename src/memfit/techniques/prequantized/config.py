@@ -36,7 +36,13 @@ __all__ = [
 ]
 
 #: transformers' quant_method keys memfit models (AUTO_QUANTIZER_MAPPING's keys).
-MODELLED = ("mxfp4", "awq", "gptq", "fp8", "fbgemm_fp8", "bitsandbytes_4bit", "bitsandbytes_8bit")
+MODELLED = ("mxfp4", "awq", "gptq", "fp8", "fbgemm_fp8", "compressed-tensors",
+            "bitsandbytes_4bit", "bitsandbytes_8bit")  # fmt: skip
+#: compressed-tensors formats memfit models (CompressionFormat values).
+CT_FORMATS = ("float-quantized", "naive-quantized", "int-quantized", "pack-quantized")
+#: compressed-tensors strategies of a weight scale memfit models
+#: (quantization/lifecycle/initialize.py `_initialize_scale_zero_point`).
+CT_STRATEGIES = ("tensor", "channel", "group", "block")
 #: quantizer_mxfp4.py: `is_device_supported_mxfp4 = compute_capability >= (7, 5)`.
 MXFP4_MIN_CAPABILITY = (7, 5)
 #: quantizer_finegrained_fp8.py: `if (major < 8) or (major == 8 and minor < 9)`: dequantize.
@@ -64,6 +70,7 @@ class PrequantizedConfig:
         ue8m0_scales: fp8 with scale_fmt "ue8m0" (float8_e8m0fnu block scales, FP8Linear).
         skip: `modules_to_not_convert` (bitsandbytes: `llm_int8_skip_modules`); None when the
             config gives none (transformers then adds its default skips).
+        ct: for compressed-tensors, its one weight scheme; `skip` is then its `ignore` list.
         bnb: for bitsandbytes, memfit's QuantizeConfig method ("nf4", "nf4-dq", "fp4", "int8")
             and compute dtype.
         raw: the config as read, for the trace cache key.
@@ -78,6 +85,7 @@ class PrequantizedConfig:
     ue8m0_scales: bool = False
     skip: tuple[str, ...] | None = None
     bnb: tuple[str, str | None] | None = None
+    ct: CtScheme | None = None
     raw: str = field(default="{}", repr=False)
 
     @property
@@ -95,7 +103,23 @@ class PrequantizedConfig:
             return "FP8 (fbgemm, per-row)"
         if self.bnb is not None:
             return f"bitsandbytes {self.bnb[0]}"
+        if self.ct is not None:
+            ct = self.ct
+            return f"compressed-tensors {ct.format} ({ct.type}{ct.bits}, {ct.strategy})"
         return self.method.upper()
+
+
+@dataclass(frozen=True)
+class CtScheme:
+    """One compressed-tensors config group's weights (symmetric, targets "Linear")."""
+
+    format: str
+    bits: int
+    type: str  # "int" or "float"
+    strategy: str
+    group_size: int | None = None
+    block: tuple[int, int] | None = None
+    static_input: bool = False  # a static per-tensor input scale (`input_scale`)
 
 
 @dataclass(frozen=True)
@@ -160,6 +184,9 @@ def read_quantization_config(raw: Any, origin: str) -> PrequantizedConfig:
                                   (int(block[0]), int(block[1])))  # fmt: skip
     if key.startswith("bitsandbytes"):
         return PrequantizedConfig(method=key, skip=skip, bnb=_bnb(parsed, key), raw=text)
+    if key == "compressed-tensors":
+        ignore = tuple(raw.get("ignore") or ())
+        return PrequantizedConfig(method=key, skip=ignore, ct=_ct_scheme(raw, origin), raw=text)
     return PrequantizedConfig(method=key, skip=skip, raw=text)
 
 
@@ -170,6 +197,44 @@ def _parse(raw: dict[str, Any], origin: str) -> Any:
         return AutoQuantizationConfig.from_dict(raw)
     except (ValueError, TypeError, ImportError) as e:
         raise BadInputError(f"{origin}: transformers refuses its quantization_config: {e}") from e
+
+
+def _ct_scheme(raw: dict[str, Any], origin: str) -> CtScheme:
+    """The one weight scheme of a compressed-tensors config memfit models: one config group
+    targeting "Linear", symmetric, no act-order, in one of CT_FORMATS."""
+    groups = raw.get("config_groups") or {}
+    if raw.get("sparsity_config") or len(groups) != 1:
+        raise BadInputError(
+            f"{origin}: compressed-tensors with {len(groups)} config groups"
+            f"{' and sparsity' if raw.get('sparsity_config') else ''}: memfit models one "
+            "quantization group on every Linear. Remove quantization_config to estimate the "
+            "16-bit model."
+        )
+    group = next(iter(groups.values()))
+    weights = group.get("weights") or {}
+    fmt = str(group.get("format") or raw.get("format"))
+    problems = []
+    if list(group.get("targets") or []) != ["Linear"]:
+        problems.append(f"targets {group.get('targets')!r} (memfit: ['Linear'])")
+    if fmt not in CT_FORMATS:
+        problems.append(f"format {fmt!r} (memfit: {', '.join(CT_FORMATS)})")
+    if weights.get("strategy") not in CT_STRATEGIES:
+        problems.append(f"weight strategy {weights.get('strategy')!r}")
+    if not weights.get("symmetric", True) or weights.get("actorder"):
+        problems.append("asymmetric or act-order weights (zero points, g_idx)")
+    if problems:
+        raise BadInputError(
+            f"{origin}: compressed-tensors with {'; '.join(problems)}: memfit does not model "
+            "this scheme's storage. Remove quantization_config to estimate the 16-bit model."
+        )
+    inputs = group.get("input_activations") or {}
+    block = weights.get("block_structure")
+    return CtScheme(
+        format=fmt, bits=int(weights["num_bits"]), type=str(weights.get("type", "int")),
+        strategy=str(weights["strategy"]), group_size=weights.get("group_size"),
+        block=None if block is None else (int(block[0]), int(block[1])),
+        static_input=bool(inputs) and not inputs.get("dynamic", False),
+    )  # fmt: skip
 
 
 def _skip(parsed: Any, key: str) -> tuple[str, ...] | None:
@@ -241,6 +306,16 @@ def forward_path(config: PrequantizedConfig, capability: tuple[int, int] | None)
                 "9.0' (quantizer_fbgemm_fp8.py). Choose an H100-class GPU (--gpu h100-sxm)."
             )
         return ForwardPath(True, f"{cc}: fbgemm's f8f8bf16_rowwise with per-row FP8 inputs")
+    if m == "compressed-tensors":
+        return ForwardPath(
+            False,
+            (
+                "transformers (CompressedTensorsConfig use_optimized_inference=False, its default; "
+                "quantizer_compressed_tensors.py) leaves the weights compressed at load and lets "
+                "compressed-tensors decompress every layer on the first forward pass, so the "
+                "model runs with dense weights in its dtype (the scales stay)"
+            ),
+        )
     if m in ("awq", "gptq"):
         return ForwardPath(
             True,

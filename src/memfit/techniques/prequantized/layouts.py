@@ -22,6 +22,12 @@ Sources (the expected names, dtypes and shapes each loader allocates):
 - FP8 fbgemm (integrations/fbgemm_fp8.py `FbgemmFp8Linear`): `weight` float8_e4m3fn (N, K),
   `weight_scale` float32 (N, 1), the non-persistent buffer `input_scale_ub` float32 (1,), and a
   float32 bias.
+- compressed-tensors (compressors/naive_quantized and pack_quantized, scales from
+  quantization/lifecycle/initialize.py `_initialize_scale_zero_point`): float-/int-/naive-
+  quantized store `weight` (N, K) in float8_e4m3fn (8-bit float) or int8; pack-quantized stores
+  `weight_packed` int32 (N, ceil(K * bits / 32)) and `weight_shape` int64 (2,); `weight_scale`
+  in the weight's dtype, (1,) per tensor, (N, 1) per channel, (N, ceil(K / G)) per group,
+  (ceil(N / bn), ceil(K / bk)) per block; a static input adds `input_scale` (1,).
 G is the group size (K when -1). Here N is out_features and K in_features.
 """
 
@@ -32,7 +38,7 @@ import torch
 from memfit.techniques.prequantized.config import MXFP4_BLOCK, PrequantizedConfig
 from memfit.techniques.quantize_layouts import QuantStorage
 
-__all__ = ["GPTQ_AWQ_SCALE_DTYPE", "linear_storages", "mxfp4_expert_storages"]
+__all__ = ["GPTQ_AWQ_SCALE_DTYPE", "ct_storages", "linear_storages", "mxfp4_expert_storages"]
 
 #: AWQ / GPTQ scales are stored in float16 by both formats (`scales` buffers).
 GPTQ_AWQ_SCALE_DTYPE = torch.float16
@@ -74,6 +80,38 @@ def linear_storages(config: PrequantizedConfig, n: int, k: int) -> list[QuantSto
             QuantStorage("input_scale_ub", (1,), torch.float32),
         ]
     raise AssertionError(f"no linear layout for {m}")
+
+
+def ct_storages(config: PrequantizedConfig, n: int, k: int, dtype: torch.dtype,
+                decompressed: bool = False) -> list[QuantStorage]:  # fmt: skip
+    """A compressed-tensors linear layer as stored (or, `decompressed`, as it is after
+    compressed-tensors decompresses it on the first forward: a dense `weight` of `dtype` in
+    place of the compressed one, the scales and `weight_shape` kept)."""
+    ct = config.ct
+    assert ct is not None
+    if ct.strategy == "tensor":
+        scale: tuple[int, ...] = (1,)
+    elif ct.strategy == "channel":
+        scale = (n, 1)
+    elif ct.strategy == "group":
+        scale = (n, -(-k // int(ct.group_size or k)))
+    else:
+        assert ct.block is not None
+        scale = (-(-n // ct.block[0]), -(-k // ct.block[1]))
+    packed = ct.format == "pack-quantized"
+    if decompressed:
+        out = [QuantStorage("weight", (n, k), dtype)]
+    elif packed:
+        out = [QuantStorage("weight_packed", (n, -(-k * ct.bits // PACK_WORD_BITS)), torch.int32)]
+    else:
+        stored = torch.float8_e4m3fn if ct.type == "float" else torch.int8
+        out = [QuantStorage("weight", (n, k), stored)]
+    out.append(QuantStorage("weight_scale", scale, dtype))
+    if packed:
+        out.append(QuantStorage("weight_shape", (2,), torch.int64))
+    if ct.static_input:
+        out.append(QuantStorage("input_scale", (1,), dtype))
+    return out
 
 
 def mxfp4_expert_storages(experts: int, hidden: int, intermediate: int) -> list[QuantStorage]:

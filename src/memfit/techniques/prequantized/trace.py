@@ -35,7 +35,11 @@ from memfit.techniques.prequantized.config import (
     forward_path,
     read_quantization_config,
 )
-from memfit.techniques.prequantized.layouts import linear_storages, mxfp4_expert_storages
+from memfit.techniques.prequantized.layouts import (
+    ct_storages,
+    linear_storages,
+    mxfp4_expert_storages,
+)
 from memfit.techniques.quantize_layouts import QuantStorage, nbytes
 from memfit.techniques.quantize_trace import LOGICAL_NUMEL
 
@@ -79,51 +83,57 @@ def prepare_prequantized(model: torch.nn.Module, spec: Any, w: Any, fake_mode: A
     config, path = plan
     if config.bnb is not None:
         return _bitsandbytes(model, config, w, fake_mode)
-    keep = _not_converted(model, config)
-    kept = ", ".join(keep) or "none"
-    if config.method == "mxfp4":
-        swapped, per = _mxfp4(model, keep, path, fake_mode)
+    expected: dict[str, QuantStorage] = {}  # checkpoint name: what the format stores there
+    if config.method == "compressed-tensors":
+        keep = list(config.skip or ())
+        swapped, per = _compressed_tensors(model, config, expected, fake_mode)
+        what = "linear layers"
+    elif config.method == "mxfp4":
+        keep = _not_converted(model, config)
+        swapped, per = _mxfp4(model, keep, path, expected, fake_mode)
         what = "GPT-OSS experts modules"
     else:
-        swapped, per = _linears(model, config, keep, path, fake_mode)
+        keep = _not_converted(model, config)
+        swapped, per = _linears(model, config, keep, path, expected, fake_mode)
         what = "linear layers"
-    checked = _against_headers(model, spec.extra.get("checkpoint"))
-    if config.method == "awq" and w.precision.startswith("bf16"):
-        checked += (
-            " transformers loads an AWQ model in float16 on CUDA when bfloat16 is asked "
-            "(quantizer_awq.py update_dtype): the same bytes."
-        )
-    if not path.kernel:
-        return [f"{config.label}: {path.why}; its {swapped} {what} are traced in the model's "
-                f"dtype ({w.precision}). Kept unquantized by the config and transformers' rule "
-                f"(modules_to_not_convert): {kept}."]  # fmt: skip
+    kept = ", ".join(keep) or "none"
     if swapped == 0:
         raise BadInputError(
             f"{spec.name!r}: its quantization_config ({config.label}) converts no layer of the "
             f"model (kept: {kept}). Fix modules_to_not_convert, or remove quantization_config."
         )
+    checked = _against_headers(expected, spec.extra.get("checkpoint"))
+    if config.method == "awq" and w.precision.startswith("bf16"):
+        checked += (
+            " transformers loads an AWQ model in float16 on CUDA when bfloat16 is asked "
+            "(quantizer_awq.py update_dtype): the same bytes."
+        )
+    rule = "the config's ignore list" if config.ct else "the config and transformers' rule"
+    if not path.kernel:
+        return [f"{config.label}: {path.why}; its {swapped} {what} ({per}) are traced so, in the "
+                f"model's dtype ({w.precision}). Kept unquantized by {rule} "
+                f"(modules_to_not_convert): {kept}." + checked]  # fmt: skip
     return [f"{config.label}: {swapped} {what} keep the checkpoint's packed storage "
-            f"({per}); {path.why}. Kept in 16-bit by the config and transformers' rule "
-            f"(modules_to_not_convert): {kept}; embeddings and norms stay as they are."
-            + checked]  # fmt: skip
+            f"({per}); {path.why}. Kept in 16-bit by {rule} (modules_to_not_convert): "
+            f"{kept}; embeddings and norms stay as they are." + checked]  # fmt: skip
 
 
-def _against_headers(model: torch.nn.Module, headers: Any) -> str:
-    """The stand-ins' storages checked against the checkpoint's safetensors headers (same
-    name, dtype and shape), as a sentence for the note; "" without headers. A mismatch is a
-    BadInputError naming the tensor: the layout memfit would trace is not the stored one."""
+def _against_headers(expected: dict[str, QuantStorage], headers: Any) -> str:
+    """The format's storages checked against the checkpoint's safetensors headers (same name,
+    dtype and shape), as a sentence for the note; "" without headers. A mismatch is a
+    BadInputError naming the tensor: the config does not describe the stored weights."""
     if headers is None:
         return ""
     seen = 0
-    for name, p in model.named_parameters():
-        if not hasattr(p, LOGICAL_NUMEL) or name not in headers.tensors:
+    for name, s in expected.items():
+        stored = headers.tensors.get(name)
+        if stored is None:
             continue
-        stored = headers.tensors[name]
-        dtype = str(p.dtype).removeprefix("torch.")
-        if stored.torch_dtype != dtype or stored.shape != tuple(p.shape):
+        dtype = str(s.dtype).removeprefix("torch.")
+        if stored.torch_dtype != dtype or stored.shape != tuple(s.shape):
             raise BadInputError(
                 f"{name}: the checkpoint stores {stored.torch_dtype} {list(stored.shape)} "
-                f"({stored.file}), but its quantization_config gives {dtype} {list(p.shape)}. "
+                f"({stored.file}), but its quantization_config gives {dtype} {list(s.shape)}. "
                 "The config does not describe these weights: fix quantization_config."
             )
         seen += 1
@@ -133,8 +143,8 @@ def _against_headers(model: torch.nn.Module, headers: Any) -> str:
             "the config's."
         )
     return (
-        f" Each of the {seen} traced quantized storages matches its safetensors header in "
-        "dtype and shape."
+        f" Each of the {seen} quantized storages of the traced layers matches its safetensors "
+        "header in dtype and shape."
     )
 
 
@@ -204,7 +214,8 @@ class PrequantizedLinear(torch.nn.Module):
 
 
 def _linears(model: torch.nn.Module, config: PrequantizedConfig, keep: list[str],
-             path: ForwardPath, fake_mode: Any) -> tuple[int, str]:  # fmt: skip
+             path: ForwardPath, expected: dict[str, QuantStorage],
+             fake_mode: Any) -> tuple[int, str]:  # fmt: skip
     _refuse_fused_experts(model, config)
     blocks = _gptq_blocks(model, config) if config.method == "gptq" else None
     names = [
@@ -212,9 +223,11 @@ def _linears(model: torch.nn.Module, config: PrequantizedConfig, keep: list[str]
         if type(mod) is torch.nn.Linear and _converts(n, keep)
         and (blocks is None or any(n.startswith(b + ".") for b in blocks))
     ]  # fmt: skip
-    if path.kernel:
-        for name in names:
-            old: Any = model.get_submodule(name)
+    for name in names:
+        old: Any = model.get_submodule(name)
+        for s in linear_storages(config, old.out_features, old.in_features):
+            expected[f"{name}.{s.name}"] = s
+        if path.kernel:
             with fake_mode:
                 new = PrequantizedLinear(config, old.out_features, old.in_features, old.bias)
             model.set_submodule(name, new)
@@ -291,7 +304,7 @@ class Mxfp4MlpStandIn(torch.nn.Module):
 
 
 def _mxfp4(model: torch.nn.Module, keep: list[str], path: ForwardPath,
-           fake_mode: Any) -> tuple[int, str]:  # fmt: skip
+           expected: dict[str, QuantStorage], fake_mode: Any) -> tuple[int, str]:  # fmt: skip
     """transformers' `replace_with_mxfp4_linear`: every `GptOssMLP` whose `.experts` is to be
     converted becomes `Mxfp4GptOssMLP` (kernel path only: with `dequantize` it returns the
     model unchanged)."""
@@ -302,15 +315,61 @@ def _mxfp4(model: torch.nn.Module, keep: list[str], path: ForwardPath,
             "quant_method 'mxfp4': transformers converts only GPT-OSS experts (GptOssMLP), and "
             "this model has none to convert. Remove quantization_config."
         )
-    per = ""
-    if path.kernel:
-        for name in names:
-            old: Any = model.get_submodule(name)
+    per = 0
+    for name in names:
+        old: Any = model.get_submodule(name)
+        ex = old.experts
+        stored = mxfp4_expert_storages(ex.num_experts, ex.hidden_size, ex.intermediate_size)
+        expected.update({f"{name}.experts.{s.name}": s for s in stored})
+        per = nbytes(stored)
+        if path.kernel:
             with fake_mode:
                 model.set_submodule(name, Mxfp4MlpStandIn(old.router, old.experts))
-        first: Any = model.get_submodule(names[0])
-        per = f"{nbytes(mxfp4_expert_storages(first.num_experts, first.hidden, first.intermediate))} bytes of blocks and scales each"  # noqa: E501
-    return len(names), per
+    return len(names), f"{per} bytes of blocks and scales each in the checkpoint"
+
+
+class CtDecompressedLinear(torch.nn.Module):
+    """A compressed-tensors layer after its first forward: dense weight, scales kept."""
+
+    def __init__(self, config: PrequantizedConfig, n: int, k: int, dtype: torch.dtype,
+                 bias: torch.nn.Parameter | None) -> None:  # fmt: skip
+        super().__init__()
+        self.out_features, self.in_features = n, k
+        _storages_of(self, ct_storages(config, n, k, dtype, decompressed=True), n * k)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight: Any = self.weight
+        return torch.nn.functional.linear(x, weight, self.bias)
+
+
+def _ct_matches(name: str, ignore: tuple[str, ...]) -> bool:
+    """compressed-tensors' `match_name` (utils/match.py): "re:" patterns by `re.match`, else
+    the exact module name."""
+    return any(re.match(t.removeprefix("re:"), name) if t.startswith("re:") else t == name
+               for t in ignore)  # fmt: skip
+
+
+def _compressed_tensors(
+    model: torch.nn.Module, config: PrequantizedConfig, expected: dict[str, QuantStorage],
+    fake_mode: Any,
+) -> tuple[int, str]:  # fmt: skip
+    """Every nn.Linear not ignored (target "Linear") becomes its decompressed self; `expected`
+    gets the compressed storages the checkpoint holds."""
+    ignore = config.skip or ()
+    names = [n for n, mod in model.named_modules()
+             if isinstance(mod, torch.nn.Linear) and not _ct_matches(n, ignore)]  # fmt: skip
+    load = 0
+    for name in names:
+        old: Any = model.get_submodule(name)
+        dtype = old.weight.dtype
+        stored = ct_storages(config, old.out_features, old.in_features, dtype)
+        load += nbytes(stored)
+        expected.update({f"{name}.{s.name}": s for s in stored})
+        with fake_mode:
+            new = CtDecompressedLinear(config, old.out_features, old.in_features, dtype, old.bias)
+        model.set_submodule(name, new)
+    return len(names), f"{load} bytes compressed at load, in the traced layers"
 
 
 def _bitsandbytes(model: torch.nn.Module, config: PrequantizedConfig, w: Any,
