@@ -433,3 +433,35 @@ def test_compressed_tensors_two_groups_is_refused_by_name() -> None:
     }}  # fmt: skip
     with pytest.raises(BadInputError, match="compressed-tensors with 2 config groups"):
         read_quantization_config(raw, "c")
+
+
+# ----------------------------------------------------------------------------- gpt-oss-20b, CLI
+
+
+def test_gpt_oss_20b_weights_by_hand() -> None:
+    """The published gpt-oss-20b config (examples/checkpoints): experts packed (kernel path),
+    the rest in bf16, byte for byte."""
+    e, h, i, heads, kv, d, vocab, layers = 32, 2880, 2880, 64, 8, 64, 201088, 24
+    experts = (e * 2 * i * (h // 32) * 16 + e * 2 * i * (h // 32)  # gate_up blocks, scales
+               + e * h * (i // 32) * 16 + e * h * (i // 32)  # down blocks, scales
+               + 4 * (e * 2 * i + e * h))  # float32 biases  # fmt: skip
+    attention = 2 * (heads * d * h + heads * d + 2 * (kv * d * h + kv * d) + h * heads * d + h
+                     + heads)  # q, k, v, o with biases, sinks  # fmt: skip
+    rest = 2 * (e * h + e + 2 * h)  # router, two norms
+    total = layers * (experts + attention + rest) + 2 * (2 * vocab * h + h)
+    w = memfit.Workload(mode="inference", batch_size=1, seq_len=8, precision="bf16-true")
+    params = _traced_params(str(EXAMPLES / "gpt-oss-20b"), w, "rtx-4090")
+    assert sum(p.numel() * p.element_size() for p in params.values()) == total == 13_774_535_808
+
+
+def test_cli_refuses_a_method_by_name_with_exit_2(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from memfit.cli.app import app
+
+    (tmp_path / "config.json").write_text(
+        json.dumps({**TINY_LLAMA_CONFIG, "quantization_config": {"quant_method": "hqq"}})
+    )
+    out = CliRunner().invoke(app, ["estimate", str(tmp_path), "--mode", "inference"])
+    assert out.exit_code == 2
+    assert "quant_method 'hqq' is a method transformers loads" in out.output
