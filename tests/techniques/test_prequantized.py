@@ -465,3 +465,18 @@ def test_cli_refuses_a_method_by_name_with_exit_2(tmp_path: Path) -> None:
     out = CliRunner().invoke(app, ["estimate", str(tmp_path), "--mode", "inference"])
     assert out.exit_code == 2
     assert "quant_method 'hqq' is a method transformers loads" in out.output
+
+
+@pytest.mark.parametrize("gpu,kernel", [("rtx-4060-ti-16gb", True), ("v100-16gb", False)])
+def test_gpt_oss_20b_generation_says_path_and_kept_layers(gpu: str, kernel: bool) -> None:
+    w = memfit.Workload(mode="generate", batch_size=1, prompt_len=64, new_tokens=2,
+                        precision="bf16-true", gpu=gpu)  # fmt: skip
+    est = memfit.estimate(str(EXAMPLES / "gpt-oss-20b"), w)
+    note = next(n for n in est.notes if n.startswith("MXFP4"))
+    assert "model.layers.*.mlp.router" in note and "lm_head" in note
+    if kernel:
+        assert "keep the checkpoint's packed storage" in note and "matmul_ogs" in note
+        assert est.profile.breakdown["parameters"] == 13_806_852_096  # allocator blocks
+    else:
+        assert "below the 7.5 transformers' Mxfp4HfQuantizer requires" in note
+        assert est.profile.breakdown["parameters"] > 41_829_514_368

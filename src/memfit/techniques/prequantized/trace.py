@@ -108,6 +108,15 @@ def prepare_prequantized(model: torch.nn.Module, spec: Any, w: Any, fake_mode: A
             " transformers loads an AWQ model in float16 on CUDA when bfloat16 is asked "
             "(quantizer_awq.py update_dtype): the same bytes."
         )
+    entry = spec.extra.get("entry")
+    names_dtype = entry is not None and any(k in entry.config for k in ("dtype", "torch_dtype"))
+    if not names_dtype and "checkpoint_dtype" not in spec.extra:
+        checked += (
+            " The config names no dtype: transformers 5 loads the other weights in the dtype of "
+            "the checkpoint's first floating tensor, which memfit reads from a checkpoint "
+            f"folder's safetensors headers; without them the precision given ({w.precision}) "
+            "is used."
+        )
     rule = "the config's ignore list" if config.ct else "the config and transformers' rule"
     if not path.kernel:
         return [f"{config.label}: {path.why}; its {swapped} {what} ({per}) are traced so, in the "
