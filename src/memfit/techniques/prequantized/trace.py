@@ -68,7 +68,8 @@ def bind_prequantized(spec: Any, w: Any, capability: tuple[int, int] | None) -> 
     if w.training and not config.method.startswith("bitsandbytes"):
         raise BadInputError(
             f"{spec.name!r} is a pre-quantized {config.label} checkpoint: memfit models its "
-            "inference and generation, not training on it. Use --mode inference or generate."
+            "inference and generation, not training on it: estimate, max-seq or serve it with "
+            "--mode inference or generate (`gpus --for` and `plan` plan training)."
         )
     key = None if spec.cache_key is None else f"{spec.cache_key}|prequantized:{path.kernel}"
     return dataclasses.replace(spec, extra={**spec.extra, PLAN_KEY: (config, path)},
