@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from memfit.errors import BadInputError
+from memfit.models.checkpoint import DTYPE_KEY
 from memfit.models.sources import ModelSpec
 from memfit.precision import pure_precision_of_dtype
 from memfit.workload import AUTO_PRECISION, PRECISIONS, Workload
@@ -44,6 +45,9 @@ def checkpoint_dtype(spec: ModelSpec, attention: str = "sdpa") -> tuple[str | No
             value = config.get(key)
             if value is not None:
                 return _name(value), f"config {key}"
+        read = spec.extra.get(DTYPE_KEY)  # a checkpoint folder's safetensors headers
+        if read is not None:
+            return read[0], f"the config names none, so transformers reads {read[1]}"
         return None, "the config names no dtype"
     model = spec.build(None, attention)
     counts: Counter[torch.dtype] = Counter()

@@ -44,6 +44,7 @@ from memfit.models.sources import ModelSpec, resolve_model
 from memfit.profile import MemoryProfile
 from memfit.techniques.offload.activations import offload_note
 from memfit.techniques.offload.embedding_on_cpu import tied_embedding_message
+from memfit.techniques.prequantized import bind_prequantized
 from memfit.units import format_bytes
 from memfit.workload import Workload
 
@@ -173,6 +174,7 @@ def trace_spec(
     """
 
     check_model_options(spec, w)
+    spec = bind_prequantized(spec, w, capability)  # a checkpoint's quantization_config
     key = trace_key(spec, w, capability, verify)
     return cached_trace(key, lambda: _with_ddp(w, _trace_spec(spec, w, capability, verify)))
 

@@ -40,6 +40,13 @@ from memfit.models.catalog import (
     name_loss_type,
     supported_tasks,
 )
+from memfit.models.checkpoint import (
+    DTYPE_KEY,
+    HEADERS_KEY,
+    checkpoint_notes,
+    read_checkpoint,
+    state_dict_dtype,
+)
 from memfit.models.factory import in_script, load_functions, script_of, user_error
 from memfit.models.hf_tasks import (
     check_model_type,
@@ -231,7 +238,7 @@ def resolve_model(source: Any, *, task: str | None = None) -> ModelSpec:
     text = os.fspath(source)
     path = Path(text)
     if path.is_dir() and (path / "config.json").is_file():
-        return _from_hf_config(path / "config.json", task)
+        return _with_checkpoint(_from_hf_config(path / "config.json", task), path)
     if path.suffix == ".json":
         if not path.is_file():
             raise BadInputError(f"Config file {text!r} does not exist.")
@@ -245,6 +252,20 @@ def resolve_model(source: Any, *, task: str | None = None) -> ModelSpec:
         return _from_factory(fn, make_batch, text, task)
 
     return _from_catalog(get_model(text), task)
+
+
+def _with_checkpoint(spec: ModelSpec, folder: Path) -> ModelSpec:
+    """A checkpoint folder's spec: its safetensors headers (memfit.models.checkpoint) kept in
+    `extra`, with the dtype transformers' dtype="auto" reads from them, and a note."""
+    headers = read_checkpoint(folder)
+    if headers is None:
+        return spec
+    spec.extra[HEADERS_KEY] = headers
+    spec.extra[DTYPE_KEY] = state_dict_dtype(folder, headers)
+    spec.notes.extend(checkpoint_notes(folder, headers))
+    if spec.cache_key is not None:  # the same config with other weights traces alike
+        spec.cache_key += f"|checkpoint:{headers.total_bytes}"
+    return spec
 
 
 def _looks_like_windows_drive(text: str) -> bool:

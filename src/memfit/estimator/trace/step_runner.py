@@ -44,10 +44,14 @@ from memfit.models.scans import scan_budget
 from memfit.models.sources import ModelSpec
 from memfit.models.structure import embedding_tied_to, find_repeated_blocks, input_embedding_path
 from memfit.techniques.offload.activations import emulated_offload
-from memfit.techniques.offload.fsdp_offload import emulated_cpu_offload, mark_host_shards
+from memfit.techniques.offload.fsdp_offload import (
+    emulated_cpu_offload,
+    mark_host_shards,
+)
 from memfit.techniques.optimizer import host_state_keys, mark_state, optimizer_for_trace
 from memfit.techniques.optimizer_in_backward import OptimizerInBackward, trace_hooks
 from memfit.techniques.optimizer_in_backward import for_trace as in_backward_for_trace
+from memfit.techniques.prequantized import prepare_prequantized
 from memfit.techniques.quantize.trace import LOGICAL_NUMEL, logical_numel
 from memfit.techniques.table import TraceContext, prepare_for_trace
 from memfit.techniques.train_setup import call_model
@@ -363,6 +367,9 @@ def _traced_model(
         model, fake_mode, low if w.pure_low_precision else torch.float32, not spec.owns_model
     )
     model = prepare_for_trace(model, w, ctx, "storage")
+    # A checkpoint's own quantization_config (bound to the GPU by estimation.trace_spec): the
+    # model's storage as downloaded, not a technique the workload picks.
+    ctx.notes += prepare_prequantized(model, spec, w, fake_mode)
     ctx.blocks = find_repeated_blocks(model)
     layers = unit_layer_paths(model, spec.layer_units, num_layers)  # files events by layer
     model = prepare_for_trace(model, w, ctx, "wrap")
