@@ -116,7 +116,7 @@ def test_the_trace_keeps_the_same_state(name: str) -> None:
 
 def test_paged_rows_keep_the_unpaged_bytes_and_page_the_large_states() -> None:
     pairs = [("paged-adamw", "adamw"), ("paged-adamw-8bit", "adamw-8bit"),
-             ("paged-lion", "lion"), ("paged-lion-8bit", "lion-8bit"),
+             ("paged-lion", "lion-32bit"), ("paged-lion-8bit", "lion-8bit"),
              ("paged-ademamix", "ademamix"), ("paged-ademamix-8bit", "ademamix-8bit")]  # fmt: skip
     assert {p for p, _ in pairs} == CUDA_ONLY
     for paged, plain in pairs:
@@ -169,8 +169,6 @@ def test_names_hf_and_instances_round_trip() -> None:
         if name in CUDA_ONLY or (
             spec.library is not None and importlib.util.find_spec(spec.library) is None
         ):
-            continue
-        if name == "lion":  # memfit's lion is the lion-pytorch layout; bitsandbytes' is read
             continue
         assert name_of_instance(
             build(name, params, lr=1e-3, weight_decay=0.0, for_trace=False)

@@ -54,6 +54,7 @@ def test_the_cli_takes_a_new_row_and_names_them_all() -> None:
         (lambda ps: __import__("torchao.optim").optim.AdamW8bit(ps), "torchao-adamw-8bit"),
         (lambda ps: __import__("torchao.optim").optim.AdamW4bit(ps), "torchao-adamw-4bit"),
         (lambda ps: __import__("bitsandbytes").optim.Lion8bit(ps), "lion-8bit"),
+        (lambda ps: __import__("bitsandbytes").optim.Lion(ps), "lion-32bit"),
         (lambda ps: __import__("bitsandbytes").optim.AdEMAMix(ps), "ademamix"),
         (lambda ps: __import__("bitsandbytes").optim.AdEMAMix8bit(ps), "ademamix-8bit"),
     ],
