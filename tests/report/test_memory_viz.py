@@ -18,8 +18,9 @@ from memfit.profile import MemoryProfile
 from memfit.report.memory_viz import memory_viz_snapshot, to_memory_viz
 
 MiB = 1024 * 1024
-#: The simulator hands out segment addresses from 2**32 up, in creation order.
-BASE = 1 << 32
+#: The simulator places cudaMalloc'ed segments from 2**62 down, the newest lowest
+#: (memfit.cuda.allocator); BASE is the large segment of `hand_profile`, created second.
+BASE = (1 << 62) - 22 * MiB
 
 #: Opcodes that memory_viz's JavaScript unpickler handles (MemoryViz.js, `unpickle`).
 JS_OPCODES = {
@@ -123,25 +124,25 @@ def test_hand_stream_exact(tmp_path):
     trace = snap["device_traces"][0]
     got = [(e["action"], e["addr"] - BASE, e["size"], e["time_us"]) for e in trace]
     assert got == [
-        ("segment_alloc", 0, 2 * MiB, 0),  # small pool: 2 MiB segment
-        ("alloc", 0, 1024, 0),
-        ("segment_alloc", 2 * MiB, 20 * MiB, 2),  # large pool: 20 MiB segment
-        ("alloc", 2 * MiB, 3 * MiB, 2),
-        ("alloc", 1024, 1024, 4),  # split from the small segment
-        ("free_requested", 1024, 1024, 5),
-        ("free_completed", 1024, 1024, 5),
-        ("alloc", 1024, 512, 7),  # best fit: the freed block, merged with the rest again
-        ("free_requested", 2 * MiB, 3 * MiB, 8),
-        ("free_completed", 2 * MiB, 3 * MiB, 8),
+        ("segment_alloc", 20 * MiB, 2 * MiB, 0),  # small pool: 2 MiB segment
+        ("alloc", 20 * MiB, 1024, 0),
+        ("segment_alloc", 0, 20 * MiB, 2),  # large pool: 20 MiB segment, below the first
+        ("alloc", 0, 3 * MiB, 2),
+        ("alloc", 20 * MiB + 1024, 1024, 4),  # split from the small segment
+        ("free_requested", 20 * MiB + 1024, 1024, 5),
+        ("free_completed", 20 * MiB + 1024, 1024, 5),
+        ("alloc", 20 * MiB + 1024, 512, 7),  # best fit: the freed block, merged again
+        ("free_requested", 0, 3 * MiB, 8),
+        ("free_completed", 0, 3 * MiB, 8),
     ]
     assert trace[3]["frames"] == [
         {"filename": "lin", "line": 0, "name": "op1 [activations]"},
         {"filename": "<memfit>", "line": 0, "name": "forward step 0"},
     ]
     assert trace[3]["category"] == "activations" and trace[0]["category"] == "unknown"
-    small, large = snap["segments"]
+    large, small = snap["segments"]  # in address order
     assert (small["address"], small["total_size"], small["segment_type"]) == (
-        BASE,
+        BASE + 20 * MiB,
         2 * MiB,
         "small",
     )
@@ -156,7 +157,7 @@ def test_hand_stream_exact(tmp_path):
         1500,
     )
     assert (large["address"], large["total_size"], large["segment_type"]) == (
-        BASE + 2 * MiB,
+        BASE,
         20 * MiB,
         "large",
     )

@@ -17,9 +17,10 @@ Modelled
 * Two pools: small (rounded size <= 1 MiB, 2 MiB segments) and large;
   ``get_allocation_size``: 1-10 MiB requests get a 20 MiB segment (``large_segment_size``),
   larger ones a segment of their size rounded up to 2 MiB.
-* ``get_free_block``: best fit = smallest free block >= size in (size, address) order;
-  ``max_split_size`` (oversize blocks not given to smaller requests, and given to larger
-  requests only if smaller than request + ``max_non_split_rounding_size``, 20 MiB).
+* ``get_free_block``: best fit = smallest free block >= size in (size, address) order,
+  newest segment lowest (``_CUDA_MALLOC_TOP``); ``max_split_size`` (oversize blocks not
+  given to smaller requests, and given to larger requests only if smaller than request +
+  ``max_non_split_rounding_size``, 20 MiB).
 * ``should_split`` / ``alloc_found_block``: small pool splits if the rest is >= 512 B,
   large pool if request < max_split_size and the rest is > 1 MiB; with expandable
   segments both pools split at >= 512 B. A block that is not split is handed out whole,
@@ -50,10 +51,8 @@ Not modelled
 * Free-memory callbacks, IPC, ``backend:cudaMallocAsync``, pinned host memory.
 * Memory outside the allocator (CUDA context, cuBLAS/NCCL workspaces, other processes):
   pass a ``capacity_bytes`` that already excludes it.
-* Real device addresses: segments get increasing addresses in creation order, so ties in
-  best fit between equal-size blocks are broken by age, which real cudaMalloc may not do.
-* cudaMalloc's own granularity and driver-side fragmentation: a cudaMalloc succeeds iff
-  reserved + size <= capacity.
+* Real addresses (cudaMalloc ranges come mostly, not strictly, top-down), cudaMalloc's
+  granularity, driver-side fragmentation: cudaMalloc succeeds iff reserved + size <= capacity.
 """
 
 from __future__ import annotations
@@ -70,6 +69,10 @@ from memfit.cuda.allocator_oom import AllocatorOutOfMemoryError, OutOfMemory
 from memfit.errors import BadInputError
 
 __all__ = ["CachingAllocator"]
+
+# cudaMalloc'ed segments go down from here, newest lowest, as in the H200 traces (see
+# tests/cuda/test_allocator_traces.py); expandable ones up from 2**32 (one per pool).
+_CUDA_MALLOC_TOP = 1 << 62
 
 # Address space of an expandable segment when no capacity is known (PyTorch reserves
 # 1 1/8 of the GPU's memory; only its size relative to real blocks matters here).
@@ -161,7 +164,8 @@ class CachingAllocator:
         self._small = _Pool(True)
         self._large = _Pool(False)
         self._live: dict[int, _Block] = {}
-        self._next_addr = 1 << 32
+        self._next_addr = 1 << 32  # expandable segments (upward)
+        self._malloc_addr = _CUDA_MALLOC_TOP  # cudaMalloc'ed segments (downward)
         self._allocated = 0
         self._reserved = 0  # total_allocated_memory
         self._peak_allocated = 0
@@ -339,8 +343,8 @@ class CachingAllocator:
             return self._try_allocate_expandable_block(pool, size)
         if self.capacity is not None and self._reserved + alloc_size > self.capacity:
             return None
-        b = _Block(alloc_size, self._next_addr, pool, None)
-        self._next_addr += alloc_size
+        self._malloc_addr -= alloc_size
+        b = _Block(alloc_size, self._malloc_addr, pool, None)
         self._plain_segments += 1
         self._add_reserved(alloc_size)
         return b
