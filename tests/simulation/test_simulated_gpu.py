@@ -263,14 +263,15 @@ def test_oom_at_the_op_the_estimate_predicts(estimate_stream, budget_mib, op, mo
 
 
 def test_oom_at_the_cublas_workspace(estimate_stream):
-    # The estimate puts the workspace in its own event before the first forward allocation;
-    # simulate allocates it inside that op (mm of module 0), as a real run would report it.
+    # The estimate puts the workspace in its own event right after the first matmul's output
+    # (cuBLAS allocates it inside that call, memfit.estimator.device_memory); simulate
+    # allocates it inside that op (mm of module 0), as a real run would report it.
     _, events, stream = estimate_stream
     budget = 21 * MiB  # the parameters' 2 MiB small segment + a 20 MiB segment do not fit
     predicted = replay(stream, capacity_bytes=budget).oom
     ev = events[predicted.event_index]
-    after = next(e for e in events[predicted.event_index + 1 :] if e[0] == ALLOC)
-    assert (ev[4], after[4], after[5]) == ("cublas_workspace", "mm.default", "0")
+    before = next(e for e in reversed(events[: predicted.event_index]) if e[0] == ALLOC)
+    assert (ev[4], before[4], before[5]) == ("cublas_workspace", "mm.default", "0")
     gpu, err = run_simulated(budget)
     assert (gpu.oom.op, gpu.oom.module) == ("mm.default", "0")
     assert gpu.oom.request.category == "workspaces"

@@ -16,7 +16,7 @@ Allocator capacity: with `gpu` alone, the GPU's memory minus what lives outside 
 alone, exactly that; both, `budget_bytes` is the process's share of that GPU as nvidia-smi
 counts it, the context coming off it first; neither, unlimited (peaks are still measured).
 As in the estimate, the cuBLAS workspaces (of `gpu`, else of the default GPU) go through the
-allocator and stay: one "workspaces" allocation at the first matmul, before its output, and a
+allocator and stay: one "workspaces" allocation at the first matmul, after its output, and a
 second at the first matmul of backward, which the autograd engine runs on its own thread with
 its own cuBLAS handle (`workspaces=False` leaves them out). cuDNN convolution workspaces
 are not modelled.
@@ -262,14 +262,9 @@ class SimulatedGPU(TorchDispatchMode):
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
         packet = getattr(getattr(func, "overloadpacket", None), "__name__", "")
         thread = "autograd" if self._phase == "backward" else "main"
-        if self._workspace_bytes and thread in self._workspace_threads and packet in MATMUL_OPS:
-            ws = self._workspace_bytes
-            rec = LiveTensor(nbytes=ws, category="workspaces", op=name, module="",
-                             phase=self._phase, shape=(ws,), dtype="uint8")  # fmt: skip
-            self._malloc(self._next, rec)  # kept for the life of the process
-            self._recs[self._next] = rec
-            self._next += 1
-            self._workspace_threads.discard(thread)  # once per thread (a failed malloc retries)
+        workspace = (
+            self._workspace_bytes and thread in self._workspace_threads and packet in MATMUL_OPS
+        )
         out = func(*args, **(kwargs or {}))
         given: set[int] | None = None  # the storages of the op's tensor arguments
         for t in pytree.tree_leaves(out):
@@ -282,6 +277,14 @@ class SimulatedGPU(TorchDispatchMode):
                 if storage._cdata in given:
                     continue  # a view, in-place op or out= of a tensor made before entering
             self._track(t, name)
+        if workspace:  # cuBLAS allocates it inside the call, once the output exists
+            ws = self._workspace_bytes
+            rec = LiveTensor(nbytes=ws, category="workspaces", op=name, module="",
+                             phase=self._phase, shape=(ws,), dtype="uint8")  # fmt: skip
+            self._malloc(self._next, rec)  # kept for the life of the process
+            self._recs[self._next] = rec
+            self._next += 1
+            self._workspace_threads.discard(thread)  # once per thread (a failed malloc retries)
         return out
 
     def _context(self) -> str:
