@@ -160,11 +160,12 @@ def test_adamw_8bit_blockwise_layout() -> None:
     # W1: Linear(128, 64) = 64 x 128 = 8192 elements >= 4096 -> 8-bit states.
     #   state1, state2: uint8, 8192 B each (16 blocks of 512).
     #   absmax1, absmax2: ceil(8192 / 256) = 32 fp32 = 128 B -> 512 B each.
-    #   qmap: 256 fp32 = 1024 B, one tensor shared by every 8-bit parameter (qmap1 is qmap2).
+    #   qmap1, qmap2: bitsandbytes' "dynamic" and "udynamic" maps, 256 fp32 = 1024 B each, shared
+    #   by every 8-bit parameter (fill_qmap).
     # W2: Linear(64, 16) = 16 x 64 = 1024 elements < 4096 -> two fp32 states, 4096 B each.
     model = nn.Sequential(nn.Linear(128, 64, bias=False), nn.ReLU(), nn.Linear(64, 16, bias=False))
     tr, _ = trace(model, 128, optimizer="adamw-8bit")
-    expected = (8192 + 8192) + (512 + 512) + 1024 + (4096 + 4096)  # 26624
+    expected = (8192 + 8192) + (512 + 512) + 2 * 1024 + (4096 + 4096)  # 27648
     assert category_bytes(tr, "optimizer_state") == expected
     # The 8-bit state is about a quarter of AdamW's 2 * 4 bytes per element for W1.
     assert 8192 + 8192 < 2 * 8192 * 4
