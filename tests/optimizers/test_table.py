@@ -130,6 +130,16 @@ def test_paged_rows_keep_the_unpaged_bytes_and_page_the_large_states() -> None:
     assert isinstance(opt, StateLayout)
     paged = [opt.is_paged(opt.state[p]["state1"]) for p in params]
     assert paged == [False, False, False, False, True]  # only 512 x 256 >= 1e5 elements
+    # bitsandbytes decides by the parameter's size and pages the moments only: absmax stays.
+    opt = build("paged-adamw-8bit", params, lr=1e-3, weight_decay=0.0, for_trace=True)
+    opt.step()
+    big = opt.state[params[-1]]
+    assert opt.is_paged(big["state1"]) and not opt.is_paged(big["absmax1"])
+    small = torch.nn.Parameter(torch.zeros(300, 200))  # 60,000 elements: (2, 300, 200) state1
+    small.grad = torch.zeros_like(small)
+    opt = build("paged-ademamix", [small], lr=1e-3, weight_decay=0.0, for_trace=True)
+    opt.step()
+    assert not opt.is_paged(opt.state[small]["state1"])
 
 
 def test_hand_counted_bytes() -> None:

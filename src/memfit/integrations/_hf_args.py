@@ -68,6 +68,15 @@ _NOT_MODELLED: dict[str, str] = {
 }
 
 
+#: `optim` names whose class transformers builds is not the row's own (the row lays out the
+#: same state): what it builds instead.
+_BUILDS = {
+    "adafactor": "transformers.optimization.Adafactor: factored second moments of the same "
+    "sizes as torch.optim.Adafactor's, which memfit lays out (its update temporaries are "
+    "torch's)",
+}
+
+
 def _optim_layouts() -> dict[str, tuple[str | None, str]]:
     """`optim` name -> (memfit optimizer, or None; what transformers builds / why not): the
     optimizer table's `hf_optim` names, then the ones memfit does not model."""
@@ -82,7 +91,7 @@ def _optim_layouts() -> dict[str, tuple[str | None, str]]:
                 for s in SPECS.values()
                 if optim in s.hf_optim and s.hf_optim_args is not None
             ]
-            out[optim] = (built.name, "; ".join([built.title, *others]))
+            out[optim] = (built.name, "; ".join([_BUILDS.get(optim, built.title), *others]))
     return {**out, **{k: (None, why) for k, why in _NOT_MODELLED.items()}}
 
 
@@ -234,6 +243,8 @@ def argument_changes(w: Workload, args: Any) -> tuple[dict[str, Any], list[str],
             changes["optim"] = optim
         if optim_args is not None:
             put("optim_args", optim_args)
+    elif w.optimizer != NO_OPTIMIZER:
+        other.append(f"the optimizer {w.optimizer} (no TrainingArguments optim builds it)")
     ckpt = _checkpointing_field(args)
     put(ckpt, w.checkpointing == "blocks")
     if w.checkpoint_first is not None:

@@ -9,6 +9,7 @@ their trainer into a `RunReading` and turn a plan into their trainer's settings.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import re
 from collections.abc import Callable, Iterable
@@ -148,8 +149,8 @@ class Session:
         """Estimate the run for the named GPU, else the CUDA device in use; print it."""
         self.reading = reading
         gpu = self.gpu or _gpu_of(device, self.print_fn)
-        self.estimate = estimate(reading.spec, reading.workload.with_(gpu=gpu))
-        self.estimate.notes.extend(reading.notes)
+        est = estimate(reading.spec, reading.workload.with_(gpu=gpu))
+        self.estimate = dataclasses.replace(est, notes=[*est.notes, *reading.notes])
         self.print_fn("memfit: estimate of this run\n" + render_text(self.estimate))
         return self.estimate
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from memfit.errors import BadInputError
+from memfit.errors import BadInputError, closest
 from memfit.optimizers.layouts import DEFAULT_LR, Lion, ScheduleFreeAdamW, StateLayout
 from memfit.optimizers.table import (
     BNB_BLOCK_SIZE,
@@ -40,6 +40,7 @@ __all__ = [
     "build",
     "hf_optim_of",
     "host_state_keys",
+    "is_paged",
     "is_paged_state",
     "name_of_instance",
     "paged_variant",
@@ -61,8 +62,10 @@ def spec_of(name: str) -> OptimizerSpec:
     try:
         return SPECS[name]
     except KeyError:
+        near = closest(name, list(SPECS))
         raise BadInputError(
-            f"Unknown optimizer {name!r}. memfit models: {', '.join(SPECS)}."
+            f"Unknown optimizer {name!r}{f' ({near})' if near else ''}. memfit models: "
+            f"{', '.join(SPECS)}."
         ) from None
 
 
@@ -71,7 +74,15 @@ def build(name: str, params: list[Any], *, lr: float, weight_decay: float, for_t
     one `apply_` gives the user."""
     spec = spec_of(name)
     make = spec.trace if for_trace else spec.real
-    return make(params, lr, weight_decay)
+    optimizer = make(params, lr, weight_decay)
+    if not for_trace and spec.train_mode:
+        optimizer.train()  # type: ignore[attr-defined]  # schedulefree steps only in train mode
+    return optimizer
+
+
+def is_paged(name: str) -> bool:
+    """Whether optimizer `name` keeps its large states paged ("none" is not)."""
+    return name != NO_OPTIMIZER and spec_of(name).paged
 
 
 def host_state_keys(optimizer: torch.optim.Optimizer) -> frozenset[str]:

@@ -25,8 +25,6 @@ class _Laid(Protocol):
 
     @property
     def paged(self) -> bool: ...
-    @property
-    def eager_state(self) -> bool: ...
 
     def states(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[Any, ...]: ...
 
@@ -35,17 +33,22 @@ class _Laid(Protocol):
 #: of at least 1e5 elements; smaller ones get ordinary device tensors.
 BNB_PAGED_MIN_ELEMENTS = 100_000
 
+#: The state entries bitsandbytes pages: the moments (`get_state_buffer`), not absmax or maps.
+PAGED_KEYS = frozenset({"state1", "state2"})
+
 #: The learning rate of an optimizer built without one (memory does not depend on it).
 DEFAULT_LR = 1e-3
 
 
 class StateLayout(torch.optim.Optimizer):
     """The memory of `spec`'s optimizer: its per-parameter state (`spec.states`), created at
-    the first step (or at construction when `spec.eager_state`, as torch's Adagrad does), its
-    shared tensors (`spec.shared`), created once, and an in-place update.
+    the first step, the tensors shared between parameters, created once, and an in-place update.
 
-    With `spec.paged`, state tensors of at least `BNB_PAGED_MIN_ELEMENTS` elements are paged
-    (CUDA unified memory outside PyTorch's allocator); `is_paged` says which.
+    With `spec.paged`, the moments (`PAGED_KEYS`) of a parameter of at least
+    `BNB_PAGED_MIN_ELEMENTS` elements are paged (CUDA unified memory outside PyTorch's
+    allocator); `is_paged` says which. bitsandbytes decides by the parameter's size
+    (`get_state_buffer`, `_get_state_double_buffer`: `p.numel() < 1e5` stays on the device) and
+    allocates absmax and the maps with plain `torch.zeros`, never paged.
     """
 
     def __init__(
@@ -56,10 +59,6 @@ class StateLayout(torch.optim.Optimizer):
         self._shared: dict[str, torch.Tensor] = {}
         #: ids of the paged state tensors (alive as long as the state holds them).
         self._paged: set[int] = set()
-        if spec.eager_state:
-            for group in self.param_groups:
-                for p in group["params"]:
-                    self._init_state(p)
 
     def is_paged(self, t: torch.Tensor) -> bool:
         """Whether state tensor `t` lives in paged (unified) memory."""
@@ -75,7 +74,7 @@ class StateLayout(torch.optim.Optimizer):
                 state[st.key] = self._shared[st.key]
                 continue
             t = torch.zeros(st.shape, dtype=st.dtype, device=p.device)
-            if self.spec.paged and t.numel() >= BNB_PAGED_MIN_ELEMENTS:
+            if self.spec.paged and st.key in PAGED_KEYS and p.numel() >= BNB_PAGED_MIN_ELEMENTS:
                 self._paged.add(id(t))
             state[st.key] = t
 

@@ -83,13 +83,13 @@ class OptimizerSpec:
         fp16_true_safe: False when fp16 weights with it give NaN (eps of 1e-8 or less is 0 in
             fp16 and nothing scales the loss).
         paged: its large states live in CUDA unified memory (bitsandbytes' paged optimizers).
-        eager_state: its state is created at construction (torch's Adagrad), not at the step.
         hf_optim: the `TrainingArguments.optim` names that build it; the first is written back.
             A name several rows list builds the first of them (SPECS' order).
         hf_optim_args: the `optim_args` it needs, if any.
         allow: the `memfit plan --allow` technique that lets the planner try it.
         library: the package `real` needs (None: torch).
         apply_note: what the user's loop must do besides stepping it, if anything.
+        train_mode: `real` builds it in eval mode; `build` switches it to train mode.
     """
 
     name: str
@@ -103,12 +103,12 @@ class OptimizerSpec:
     weight: int = 1
     fp16_true_safe: bool = True
     paged: bool = False
-    eager_state: bool = False
     hf_optim: tuple[str, ...] = ()
     hf_optim_args: str | None = None
     allow: str | None = None
     library: str | None = None
     apply_note: str | None = None
+    train_mode: bool = False
 
     def state_bytes(self, shape: Shape, dtype: torch.dtype) -> int:
         """Device bytes of one parameter's own state (shared tensors left out)."""
@@ -218,6 +218,10 @@ def _torch(cls_name: str, **kw: Any) -> tuple[Build, Build]:
     return trace, real
 
 
+#: The memfit extra that installs a library an optimizer needs.
+_EXTRAS = {"bitsandbytes": "memfit[bnb]", "torchao": "memfit[quantize]"}
+
+
 def _library(module: str, cls_name: str, name: str, **kw: Any) -> Build:
     """The library's own class (for `apply_`), with a clear error when it is not installed."""
 
@@ -228,9 +232,10 @@ def _library(module: str, cls_name: str, name: str, **kw: Any) -> Build:
             mod = importlib.import_module(module)
         except ImportError as e:
             package = module.split(".")[0]
+            hint = _EXTRAS.get(package, package)
             raise BadInputError(
                 f"optimizer {name!r} is {module}.{cls_name}: install {package} "
-                f"(`pip install {package}`), or choose another optimizer."
+                f"(`pip install {hint}`), or choose another optimizer."
             ) from e
         return getattr(mod, cls_name)(params, lr=lr, weight_decay=wd, **kw)
 
@@ -322,24 +327,24 @@ def _specs() -> dict[str, OptimizerSpec]:
         OptimizerSpec(name="adamw", title="torch.optim.AdamW", rule="adamw",
                       states=_like("exp_avg", "exp_avg_sq"), trace=adamw_t, real=adamw_r,
                       row_copies=2, weight=2, fp16_true_safe=False, hf_optim=("adamw_torch",),
-                      matches=_is("torch.optim", "AdamW", fused=_no)),
+                      matches=_is("torch.optim", "AdamW", fused=_no, amsgrad=_no)),
         OptimizerSpec(name="adam", title="torch.optim.Adam", rule="adam",
                       states=_like("exp_avg", "exp_avg_sq"), trace=adam_t, real=adam_r,
                       row_copies=2, weight=2, fp16_true_safe=False,
                       # weight_decay=0.0 (the default) makes adamw_torch Adam: the same state
                       hf_optim=("adamw_torch",),
-                      matches=_is("torch.optim", "Adam", fused=_no)),
+                      matches=_is("torch.optim", "Adam", fused=_no, amsgrad=_no)),
         OptimizerSpec(name="adamw-fused", title="torch.optim.AdamW(fused=True)", rule="adamw",
                       states=_fused_adam, trace=fused_t, real=fused_r, row_copies=2, weight=2,
                       fp16_true_safe=False, hf_optim=("adamw_torch_fused",),
-                      matches=_is("torch.optim", "Adam", "AdamW", fused=bool)),
+                      matches=_is("torch.optim", "Adam", "AdamW", fused=bool, amsgrad=_no)),
         OptimizerSpec(name="rmsprop", title="torch.optim.RMSprop", rule="rmsprop",
                       states=_like("square_avg"), trace=rms_t, real=rms_r, row_copies=1,
                       fp16_true_safe=False, hf_optim=("rmsprop",),
                       matches=_is("torch.optim", "RMSprop", momentum=_no, centered=_no)),
         OptimizerSpec(name="adagrad", title="torch.optim.Adagrad", rule="adagrad",
                       states=_like("sum"), trace=ada_t, real=ada_r, row_copies=1,
-                      fp16_true_safe=False, eager_state=True, hf_optim=("adagrad",),
+                      fp16_true_safe=False, hf_optim=("adagrad",),
                       matches=_is("torch.optim", "Adagrad", fused=_no)),
         OptimizerSpec(name="lion", title="lion-pytorch's Lion (one momentum in the weights' dtype)",
                       rule="lion", states=_like("exp_avg"),
@@ -353,9 +358,10 @@ def _specs() -> dict[str, OptimizerSpec]:
                       trace=lambda ps, lr, wd: ScheduleFreeAdamW(ps, lr=lr, weight_decay=wd),
                       real=_library("schedulefree", "AdamWScheduleFree", "schedule-free-adamw"),
                       row_copies=2, weight=2, fp16_true_safe=False, library="schedulefree",
-                      apply_note="call optimizer.train() before training steps and "
-                      "optimizer.eval() before evaluating or saving (schedulefree's weights "
+                      apply_note="memfit builds it in train mode; call optimizer.eval() before "
+                      "evaluating or saving, and optimizer.train() after (schedulefree's weights "
                       "switch between the averaged and the stepped point)",
+                      train_mode=True,
                       hf_optim=("schedule_free_adamw",),
                       matches=_is("schedulefree", "AdamWScheduleFree")),
         _bnb_spec("lion-32bit", "bitsandbytes Lion (32-bit: one fp32 momentum)", "lion",
@@ -384,7 +390,7 @@ def _specs() -> dict[str, OptimizerSpec]:
                   hf_optim=("paged_lion_32bit",)),
         _bnb_spec("ademamix", "bitsandbytes AdEMAMix (two first moments and a second)",
                   "ademamix", ("state1", "state2"), 32, classes=_BNB_ADEMAMIX, cls="AdEMAMix",
-                  double_first=True, row_copies=3, weight=3, hf_optim=("ademamix",)),
+                  double_first=True, weight=3, hf_optim=("ademamix",)),
         _bnb_spec("ademamix-8bit", "bitsandbytes AdEMAMix8bit", "ademamix-8bit",
                   ("state1", "state2"), 8, classes=_BNB_ADEMAMIX, cls="AdEMAMix8bit",
                   double_first=True, hf_optim=("ademamix_8bit",)),
@@ -399,13 +405,13 @@ def _specs() -> dict[str, OptimizerSpec]:
                       trace=_layout("torchao-adamw-8bit"),
                       real=_library("torchao.optim", "AdamW8bit", "torchao-adamw-8bit"),
                       library="torchao", hf_optim=("adamw_torch_8bit",),
-                      matches=_is("torchao", "AdamW8bit")),
+                      matches=_is("torchao", "AdamW8bit", amsgrad=_no)),
         OptimizerSpec(name="torchao-adamw-4bit", title="torchao.optim.AdamW4bit",
                       rule="torchao-adamw-4bit", states=_torchao(4),
                       trace=_layout("torchao-adamw-4bit"),
                       real=_library("torchao.optim", "AdamW4bit", "torchao-adamw-4bit"),
                       library="torchao", hf_optim=("adamw_torch_4bit",),
-                      matches=_is("torchao", "AdamW4bit")),
+                      matches=_is("torchao", "AdamW4bit", amsgrad=_no)),
     ]  # fmt: skip
     return {s.name: s for s in rows}
 

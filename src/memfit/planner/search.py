@@ -58,7 +58,7 @@ from memfit.estimator import (
     workers,
 )
 from memfit.models.sources import ModelSpec, resolve_model
-from memfit.optimizers import spec_of
+from memfit.optimizers import is_paged
 from memfit.planner.advice import what_would_fit
 from memfit.planner.choice import faster_other_optimizer, pareto, preference
 from memfit.planner.composed import Composer
@@ -276,7 +276,7 @@ def _explore(
         if shape.fsdp_offload:
             return [(False, False)]
         # A paged optimizer pages its state to the host by itself.
-        lean = shape.in_backward or spec_of(shape.optimizer).paged
+        lean = shape.in_backward or is_paged(shape.optimizer)
         return [(o, e) for o, e in places if not (o and lean)]
 
     # Probe the lightest shapes at the smallest micro-batch first: a light shape that does not

@@ -48,6 +48,7 @@ from memfit.errors import BadInputError
 from memfit.estimator import estimate_from_trace, resolve_precision, trace_spec
 from memfit.events import Category
 from memfit.models.sources import resolve_model
+from memfit.precision import PURE_BF16
 from memfit.units import GIB
 from memfit.workload import AUTO_PRECISION, Workload
 
@@ -126,7 +127,7 @@ def serving_capacity(
     model: Any,
     gpu: str,
     *,
-    precision: str = "bf16-true",
+    precision: str = PURE_BF16,
     quantize: str | None = None,
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
     block_size: int = DEFAULT_BLOCK_SIZE,

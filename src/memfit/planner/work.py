@@ -18,7 +18,7 @@ import torch
 
 from memfit.estimator import Estimate
 from memfit.models.sources import resolve_model
-from memfit.optimizers import NO_OPTIMIZER, spec_of
+from memfit.optimizers import is_paged
 from memfit.planner.cost import StepWork
 from memfit.techniques.distillation.config import DTYPES, config_from_workload
 from memfit.techniques.quantize.config import QuantizeConfig, targets
@@ -79,7 +79,7 @@ def lean_work(est: Estimate) -> dict[str, int]:
     out: dict[str, int] = {}
     if w.offload_activations:
         out["activation_offload_bytes_per_step"] = 2 * rec["offloaded_activations"] * w.grad_accum
-    if w.optimizer != NO_OPTIMIZER and spec_of(w.optimizer).paged and est.gpu is not None:
+    if is_paged(w.optimizer) and est.gpu is not None:
         # Pages stay resident while the device has room beside everything else.
         room = est.gpu.fit_limit
         room -= est.profile.device_total_bytes or 0

@@ -157,9 +157,10 @@ def _optimizer_handler(config: OptimizerConfig, build: Build) -> None:
     recipe = precision_of(build.precision)
     if recipe.pure and recipe.fp16 and not spec_of(config.name).fp16_true_safe:
         raise BadInputError(
-            f"fp16-true with {config.name} diverges: the weights are fp16, Adam's eps (1e-8) is "
-            "0 in fp16 and nothing scales the loss, so the first steps give NaN. Use "
-            "fp16-mixed (fp32 weights, GradScaler), or bf16-true on a GPU with bf16."
+            f"fp16-true with {config.name} ({spec_of(config.name).title}) diverges: its state "
+            "and update run in fp16, where its small epsilon (1e-8 and below is 0) or its "
+            "update's range do not fit, and nothing scales the loss, so the first steps give "
+            "NaN. Use fp16-mixed (fp32 weights, GradScaler), or bf16-true on a GPU with bf16."
         )
     build.optimizer = make_optimizer(build.model, config)
     build.optimizer_config = config

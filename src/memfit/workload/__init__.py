@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memfit.errors import BadInputError
-from memfit.optimizers import DEFAULT_OPTIMIZER, NO_OPTIMIZER, spec_of
+from memfit.optimizers import DEFAULT_OPTIMIZER, NO_OPTIMIZER, is_paged
 from memfit.precision import Precision, precision_of
 from memfit.workload.checks import (
     check_choice,
@@ -383,7 +383,7 @@ class Workload:
 
     @property
     def _paged_optimizer(self) -> bool:
-        return self.optimizer != NO_OPTIMIZER and spec_of(self.optimizer).paged
+        return is_paged(self.optimizer)
 
     def _check_combinations(self) -> None:
         """Options that are fine alone and conflict together."""
@@ -449,9 +449,9 @@ class Workload:
 
     @property
     def recipe(self) -> Precision:
-        """The precision as a value (memfit.precision); "auto" is resolved by the estimate
-        first."""
-        return precision_of(self.precision)
+        """The precision as a value (memfit.precision). "auto" (the checkpoint's dtype, resolved
+        by the estimate: memfit.estimator.resolve_precision) reads as fp32 until then."""
+        return precision_of("fp32" if self.precision == AUTO_PRECISION else self.precision)
 
     @property
     def compute_dtype_name(self) -> str:
