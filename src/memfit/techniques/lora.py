@@ -4,6 +4,7 @@ the base model is frozen. `LoraConfig` itself lives in `memfit.workload` (a Work
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -44,7 +45,13 @@ def add_lora_for_trace(model: torch.nn.Module, lora: LoraConfig, name: str) -> A
         target_modules=targets,
         lora_dropout=0.0,
     )
-    return get_peft_model(model, cfg)
+    with warnings.catch_warnings():
+        # peft 0.21 reads `model.is_gradient_checkpointing`, which transformers 5.23 deprecated
+        # (FutureWarning); the estimate's own call should not print it to the user.
+        warnings.filterwarnings(
+            "ignore", message=".*is_gradient_checkpointing", category=FutureWarning
+        )
+        return get_peft_model(model, cfg)
 
 
 def add_lora_in_place(model: torch.nn.Module, lora: LoraConfig) -> None:
