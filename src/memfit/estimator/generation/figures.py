@@ -48,6 +48,7 @@ from memfit.estimator.generation.oracle import (
     Oracle,
     check_transformers_generate,
     device_mask_checks,
+    quiet_generate,
 )
 from memfit.estimator.trace.block_replay import TRACED_BLOCKS, ReplayMismatch, expand
 from memfit.estimator.trace.fake_distributed import fake_world
@@ -234,7 +235,7 @@ def _traced_once(spec: ModelSpec, w: Workload, capability: tuple[int, int] | Non
                 # Until the first model call, generate's own setup (phase "prefill", outside any
                 # forward region, as memfit.measure sees it before the model runs).
                 tracker.set_phase("prefill", 0)
-                with torch.no_grad(), emulation:
+                with torch.no_grad(), emulation, quiet_generate():
                     kept.append(cast(Any, model).generate(ids, **generate_kwargs(w, new_tokens)))
                 emulation.clear_cache()
             except (BadInputError, TraceError):

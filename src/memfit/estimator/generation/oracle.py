@@ -232,3 +232,18 @@ def device_mask_checks() -> Iterator[None]:
     finally:
         setattr(mu, "is_tracing", is_tracing)  # noqa: B010
         setattr(mu, "fast_all", fast_all)  # noqa: B010
+
+
+@contextlib.contextmanager
+def quiet_generate() -> Iterator[None]:
+    """transformers' warnings about the synthetic prompt memfit traces `generate` with (no
+    attention mask or pad token id, by design: memfit's prompt has no padding) kept from the
+    user's terminal while the trace runs."""
+    from transformers.utils import logging as hf_logging
+
+    previous = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(previous)
