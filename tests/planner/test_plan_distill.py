@@ -206,10 +206,10 @@ def test_the_plan_code_and_advice_name_the_distillation(pair):
                          cost=step_cost(work_of(est), gpu, tf32=False))  # fmt: skip
 
     code = apply_code(candidate(distill_loss="chunked-kl"), student, GPU)
-    assert f"teacher={teacher!r}, distill_loss='chunked-kl')" in code
+    assert f"teacher={teacher!r}, distill_loss='chunked-kl'" in code
     assert "memfit.apply_(model, workload, teacher=teacher)" in code
     offline = apply_code(candidate(teacher_top_k=256), student, GPU)
-    assert "teacher_top_k=256)" in offline and "teacher=teacher)" not in offline
+    assert "teacher_top_k=256" in offline and "teacher=teacher)" not in offline
     assert "with the teacher's top-k logits and token ids, computed beforehand" in offline
     tips = what_would_fit(resolve_model(student), SEQ, gpu, candidate(), {"lora"}, 1)
     assert tips[-1] == (
