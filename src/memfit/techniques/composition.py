@@ -5,6 +5,9 @@ tracing: tie, freeze, LoRA, as `apply_` will).
 
 from __future__ import annotations
 
+import torch
+
+from memfit.models.sources import ModelSpec
 from memfit.techniques.accumulation import AccumulationConfig
 from memfit.techniques.checkpointing import CheckpointConfig
 from memfit.techniques.chunked_loss import ChunkedLossConfig
@@ -18,7 +21,7 @@ from memfit.techniques.parallel.data_parallel import DDPConfig
 from memfit.techniques.parallel.fsdp import FSDPConfig
 from memfit.techniques.precision import PrecisionConfig
 from memfit.techniques.quantize.config import QuantizeConfig
-from memfit.techniques.table import configs_of
+from memfit.techniques.table import TraceContext, configs_of, prepare_for_trace
 from memfit.techniques.tie_embeddings import TieEmbeddingsConfig
 from memfit.workload import LoraConfig, Workload
 
@@ -51,3 +54,10 @@ def labels(w: Workload) -> list[str]:
     """The memory techniques `w` uses, as reports name them (each config's `label`; the
     precision and the optimizer are reported on their own)."""
     return [c.label for c in configs_from_workload(w) if c.label]
+
+
+def prepare_model(model: torch.nn.Module, w: Workload, spec: ModelSpec) -> torch.nn.Module:
+    """Tie, freeze and add LoRA adapters (through peft) as the workload says: the technique
+    table's "model" stage, for a model memfit does not trace (benchmarks/gpu_validation.py's
+    real step builds its model this way)."""
+    return prepare_for_trace(model, w, TraceContext(spec=spec, fake_mode=None), "model")
