@@ -346,10 +346,12 @@ def test_explain_oom_categories_with_optimizer_state():
     assert names["half_micro_batch"].saved_bytes == 8 * MiB and names["half_micro_batch"].fits
     assert report.smallest_fix is names["half_micro_batch"]
     # 8-bit: only tensors of >= 4096 elements (the weights' states): 16384 fp32 -> 4096 B of
-    # uint8 + 64 fp32 absmax (256 B -> one 512-B block); biases keep fp32 state.
-    assert names["adamw_8bit"].saved_bytes == 2 * 2 * (16384 - 4096 - 512)
-    # Adafactor: per weight 4 x (64 + 64) = 512 B, per bias 4 x 64 = 256 -> 512 B blocks.
-    assert names["adafactor"].saved_bytes == 2 * p - 2 * (512 + 512)
+    # uint8 + 64 fp32 absmax (256 B -> one 512-B block); biases keep fp32 state; the two
+    # quantisation maps (256 fp32 each, 1 KiB blocks) exist once.
+    assert names["adamw-8bit"].saved_bytes == 2 * 2 * (16384 - 4096 - 512) - 2 * 1024
+    # Adafactor: per weight a row and a column vector, 4 x 64 = 256 B each -> two 512-B
+    # blocks; per bias one 4 x 64 = 256 B vector -> one 512-B block.
+    assert names["adafactor"].saved_bytes == 2 * p - 2 * (2 * 512 + 512)
     assert gpu.oom is not None
 
 

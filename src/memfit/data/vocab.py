@@ -15,7 +15,7 @@ from fractions import Fraction
 from typing import Any
 
 from memfit.errors import BadInputError
-from memfit.optimizers import NO_OPTIMIZER, OPTIMIZERS, spec_of
+from memfit.optimizers import DEFAULT_OPTIMIZER, NO_OPTIMIZER, OPTIMIZERS, spec_of
 from memfit.workload import Workload
 
 #: The shares of the data's tokens `coverage` reports by default.
@@ -163,7 +163,7 @@ def _check_priced(w: Workload) -> None:
         raise BadInputError(
             f"Vocabulary savings are priced for the optimizers {', '.join(priced)}; "
             f"optimizer={w.optimizer!r} keeps state whose rows memfit does not split (8-bit "
-            "blocks, Adafactor's factored rows). Price with optimizer='adamw' for an upper "
+            f"blocks, factored rows). Price with optimizer={DEFAULT_OPTIMIZER!r} for an upper "
             "bound, or estimate both vocabularies."
         )
     if w.gpus > 1 or w.quantize is not None or w.fsdp_cpu_offload:

@@ -30,6 +30,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from memfit.errors import BadInputError, Failsafe
+from memfit.optimizers import SPECS
 from memfit.simulation.simulated_gpu import active
 
 __all__ = ["GuardedStep", "TrainStep", "oom_guard"]
@@ -140,10 +141,12 @@ _Decision = int | torch.OutOfMemoryError
 
 
 def _optimizer_oom(e: torch.OutOfMemoryError) -> torch.OutOfMemoryError:
+    # The lighter optimizers the planner may switch to (their OptimizerSpec rows).
+    lighter = " or ".join(s.title for s in SPECS.values() if s.allow is not None and not s.paged)
     return torch.OutOfMemoryError(
         "Out of memory in or after optimizer.step(): not retried, because (part of) the update "
-        "may already be applied. A smaller micro-batch does not shrink optimizer memory: use an "
-        f"8-bit optimizer or Adafactor, or shard the optimizer state. ({e})"
+        f"may already be applied. A smaller micro-batch does not shrink optimizer memory: use "
+        f"a lighter optimizer ({lighter}), or shard the optimizer state. ({e})"
     )
 
 

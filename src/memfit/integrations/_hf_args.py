@@ -68,15 +68,6 @@ _NOT_MODELLED: dict[str, str] = {
 }
 
 
-#: `optim` names whose class transformers builds is not the row's own (the row lays out the
-#: same state): what it builds instead.
-_BUILDS = {
-    "adafactor": "transformers.optimization.Adafactor: factored second moments of the same "
-    "sizes as torch.optim.Adafactor's, which memfit lays out (its update temporaries are "
-    "torch's)",
-}
-
-
 def _optim_layouts() -> dict[str, tuple[str | None, str]]:
     """`optim` name -> (memfit optimizer, or None; what transformers builds / why not): the
     optimizer table's `hf_optim` names, then the ones memfit does not model."""
@@ -91,7 +82,7 @@ def _optim_layouts() -> dict[str, tuple[str | None, str]]:
                 for s in SPECS.values()
                 if optim in s.hf_optim and s.hf_optim_args is not None
             ]
-            out[optim] = (built.name, "; ".join([_BUILDS.get(optim, built.title), *others]))
+            out[optim] = (built.name, "; ".join([built.hf_builds or built.title, *others]))
     return {**out, **{k: (None, why) for k, why in _NOT_MODELLED.items()}}
 
 

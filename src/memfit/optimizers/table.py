@@ -87,6 +87,9 @@ class OptimizerSpec:
             A name several rows list builds the first of them (SPECS' order).
         hf_optim_args: the `optim_args` it needs, if any.
         allow: the `memfit plan --allow` technique that lets the planner try it.
+        allow_help: what that technique is, as `memfit plan` lists it.
+        hf_builds: what transformers builds for these `hf_optim` names when it is not `real`
+            (the same state, laid out by this row).
         library: the package `real` needs (None: torch).
         apply_note: what the user's loop must do besides stepping it, if anything.
         train_mode: `real` builds it in eval mode; `build` switches it to train mode.
@@ -106,6 +109,8 @@ class OptimizerSpec:
     hf_optim: tuple[str, ...] = ()
     hf_optim_args: str | None = None
     allow: str | None = None
+    allow_help: str | None = None
+    hf_builds: str | None = None
     library: str | None = None
     apply_note: str | None = None
     train_mode: bool = False
@@ -368,7 +373,8 @@ def _specs() -> dict[str, OptimizerSpec]:
                   ("state1",), 32, classes=_BNB_LION, cls="Lion32bit", hf_optim=("lion_32bit",)),
         _bnb_spec("adamw-8bit", "bitsandbytes AdamW8bit", "adamw-8bit",
                   ("state1", "state2"), 8, classes=_BNB_ADAMW, cls="AdamW8bit",
-                  allow="8bit-optimizer", hf_optim=("adamw_bnb_8bit", "adamw_8bit")),
+                  allow="8bit-optimizer", allow_help="AdamW with 8-bit states (bitsandbytes)",
+                  hf_optim=("adamw_bnb_8bit", "adamw_8bit")),
         _bnb_spec("paged-adamw", "bitsandbytes PagedAdamW", "adamw", ("state1", "state2"), 32,
                   classes=_BNB_ADAMW, cls="PagedAdamW", paged=True, weight=0,
                   hf_optim=("paged_adamw_32bit",)),
@@ -377,7 +383,10 @@ def _specs() -> dict[str, OptimizerSpec]:
                   weight=0, hf_optim=("paged_adamw_8bit",)),
         OptimizerSpec(name="adafactor", title="torch.optim.Adafactor", rule="adafactor",
                       states=_adafactor, trace=fact_t, real=fact_r, allow="adafactor",
-                      hf_optim=("adafactor",),
+                      allow_help="Adafactor's factored second moments", hf_optim=("adafactor",),
+                      hf_builds="transformers.optimization.Adafactor: factored second moments "
+                      "of the same sizes as torch.optim.Adafactor's, which memfit lays out (its "
+                      "update temporaries are torch's)",
                       matches=lambda o: _is("torch.optim", "Adafactor")(o)
                       or _is("transformers", "Adafactor")(o)),
         _bnb_spec("lion-8bit", "bitsandbytes Lion8bit", "lion-8bit", ("state1",), 8,

@@ -38,7 +38,14 @@ from typing import Any
 
 from memfit.errors import BadInputError, closest
 from memfit.models.sources import ModelSpec
-from memfit.optimizers import DEFAULT_OPTIMIZER, NO_OPTIMIZER, paged_variant, plan_choices, spec_of
+from memfit.optimizers import (
+    DEFAULT_OPTIMIZER,
+    NO_OPTIMIZER,
+    SPECS,
+    paged_variant,
+    plan_choices,
+    spec_of,
+)
 from memfit.precision import PURE_BF16, precision_of
 
 #: Techniques the planner can use, by the name `allow` / `forbid` take.
@@ -47,9 +54,10 @@ TECHNIQUES = {
     "mixed-precision": "fp16/bf16 autocast with fp32 weights",
     "pure-precision": "16-bit weights, gradients and optimizer state (bf16-true)",
     "checkpointing": "recompute each repeated block's activations in backward",
-    "8bit-optimizer": "AdamW with 8-bit states (bitsandbytes)",
-    "adafactor": "Adafactor's factored second moments",
-    "paged-optimizer": "optimizer state in CUDA unified memory (bitsandbytes paged AdamW)",
+    # The optimizers the planner may switch to, from their OptimizerSpec rows.
+    **{s.allow: s.allow_help or s.title for s in SPECS.values() if s.allow is not None},
+    "paged-optimizer": "optimizer state in CUDA unified memory (the paged variant of the "
+    "optimizer, bitsandbytes)",
     "optimizer-in-backward": "step each parameter as its gradient lands (no accumulation)",
     "activation-offload": "keep saved activations in pinned CPU memory",
     "chunked-loss": "cross-entropy over chunks of the sequence (causal LMs); with a teacher, "

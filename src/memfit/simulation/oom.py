@@ -43,7 +43,7 @@ from memfit.cuda.allocator import CachingAllocator
 from memfit.cuda.allocator_config import AllocatorConfig, cuda_block_size
 from memfit.cuda.allocator_oom import AllocatorOutOfMemoryError as AllocatorFull
 from memfit.errors import BadInputError
-from memfit.optimizers import plan_choices, spec_of
+from memfit.optimizers import SPECS
 from memfit.simulation.simulated_gpu import LiveTensor, OomState
 from memfit.units import format_bytes as fb
 
@@ -184,15 +184,17 @@ def _suggestions(snap: OomState, shortfall: int) -> tuple[list[Suggestion], bool
             [bf16(t) for t in live] + [params32 // 2], bf16(req),
             "fp32 activations halve; autocast adds a bf16 copy of the weights")  # fmt: skip
     if any(t.category == "optimizer_state" for t in live):
-        add("adamw_8bit", f"use an 8-bit optimizer ({spec_of(EIGHT_BIT).title})",
-            [n for t in live for n in _as_8bit(t)], req.nbytes,
-            "fp32 state of tensors with >= 4096 elements kept as uint8 plus one fp32 absmax per "
-            "256 elements (bitsandbytes blockwise quantisation)")  # fmt: skip
-        add("adafactor", f"use Adafactor ({spec_of(FACTORED).title})",
-            [t.nbytes for t in live if t.category != "optimizer_state"]
-            + [_adafactor_bytes(shape) for shape, _ in snap.optimizer_state], req.nbytes,
-            "no first moment; the second moment is one fp32 row and one column vector per "
-            "matrix")  # fmt: skip
+        # The lighter optimizers the planner may switch to (their OptimizerSpec rows), each
+        # state tensor its own block, the tensors shared by all parameters once.
+        kept = [t.nbytes for t in live if t.category != "optimizer_state"]
+        shapes = [shape for shape, _ in snap.optimizer_state]
+        for spec in LIGHTER:
+            states = [st for shape in shapes for st in spec.states(shape, torch.float32)]
+            shared = {st.key: st.nbytes for st in states if st.shared}
+            add(spec.name, f"use {spec.title}",
+                kept + [st.nbytes for st in states if not st.shared] + list(shared.values()),
+                req.nbytes, f"{spec.allow_help or spec.title}: its fp32 state of each "
+                "parameter the optimizer holds")  # fmt: skip
     return out, fragmented
 
 
@@ -266,29 +268,8 @@ def _checkpointed(live: list[LiveTensor], req: LiveTensor, blocks: tuple[str, ..
     ]  # fmt: skip
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-#: The optimizers the advice prices: the planner's 8-bit one and its factored one.
-EIGHT_BIT, FACTORED = plan_choices({"8bit-optimizer"})[0], plan_choices({"adafactor"})[0]
-
-
-def _as_8bit(t: LiveTensor) -> list[int]:
-    """One fp32 moment `t` as bitsandbytes' AdamW8bit keeps it (its OptimizerSpec row): uint8
-    state and an fp32 absmax per block, or fp32 under the 8-bit floor."""
-    if t.category != "optimizer_state" or t.dtype != "float32":
-        return [t.nbytes]
-    states = spec_of(EIGHT_BIT).states(tuple(t.shape), torch.float32)
-    return [st.nbytes for st in states if st.key in ("state1", "absmax1")]
-
-
-def _adafactor_bytes(shape: tuple[int, ...]) -> int:
-    """torch.optim.Adafactor's fp32 state of a parameter (its OptimizerSpec row)."""
-    return spec_of(FACTORED).state_bytes(shape, torch.float32)
+#: The optimizers the advice prices: the lighter ones the planner may switch to, unpaged.
+LIGHTER = [s for s in SPECS.values() if s.allow is not None and not s.paged]
 
 
 def render_oom(report: OomReport, *, top_modules: int = 8) -> str:

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from memfit.errors import BadInputError
+from memfit.optimizers import DEFAULT_OPTIMIZER
 from memfit.techniques.optimizer import (
     OptimizerConfig,
     build_optimizer,
@@ -141,7 +142,7 @@ def _in_backward(config: OptimizerInBackwardConfig, build: Build) -> None:
     if oc is None or build.optimizer is None:
         raise BadInputError(
             "OptimizerInBackwardConfig steps the optimizer an OptimizerConfig names, and none "
-            "was given. Add OptimizerConfig(name='adamw', lr=...) to the configs."
+            f"was given. Add OptimizerConfig(name={DEFAULT_OPTIMIZER!r}, lr=...) to the configs."
         )
     why = ""
     if oc.offload:

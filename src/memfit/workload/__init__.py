@@ -405,7 +405,8 @@ class Workload:
         if self.training and self.offload_optimizer and self.optimizer == NO_OPTIMIZER:
             raise BadInputError(
                 "offload_optimizer=True moves optimizer state to the CPU, and optimizer is "
-                "'none'. Name an optimizer (e.g. optimizer='adamw') or drop offload_optimizer."
+                f"'none'. Name an optimizer (e.g. optimizer={DEFAULT_OPTIMIZER!r}) or drop "
+                "offload_optimizer."
             )
         if self.gpus > 1 and (self.offload_optimizer or self.embedding_on_cpu):
             raise BadInputError(
