@@ -10,6 +10,7 @@ from memfit.planner.search import Candidate, Plan
 from memfit.planner.shapes import PLAN_LOSS_CHUNKS, teacher_of
 from memfit.techniques import labels as technique_labels
 from memfit.units import format_bytes
+from memfit.workload.code import workload_code
 
 
 def _describe(c: Candidate) -> str:
@@ -21,54 +22,13 @@ def _describe(c: Candidate) -> str:
 def apply_code(c: Candidate, model: str, gpu: str) -> str:
     """The Python that applies this configuration to the user's model (memfit.apply_)."""
     w = c.workload
-    fields = [f"batch_size={w.batch_size}", f"grad_accum={w.grad_accum}"]
-    if w.seq_len:
-        fields.append(f"seq_len={w.seq_len}")
-    fields += [f"precision={w.precision!r}", f"optimizer={w.optimizer!r}"]
-    if w.checkpointing != "off":
-        fields.append(f"checkpointing={w.checkpointing!r}")
-        if w.checkpoint_first is not None:
-            fields.append(f"checkpoint_first={w.checkpoint_first}")
-    if w.lora is not None:
-        fields.append(f"lora=memfit.LoraConfig(rank={w.lora.rank})")
-    if w.quantize is not None:
-        fields.append(f"quantize={w.quantize!r}")
-    if w.chunked_loss is not None:
-        fields.append(f"chunked_loss={w.chunked_loss}")
-    if w.teacher is not None:
-        fields.append(f"teacher={w.teacher!r}")
-        for name, plain in (("distill_loss", "kl"), ("teacher_quantize", None),
-                            ("teacher_top_k", None)):  # fmt: skip
-            if getattr(w, name) != plain:
-                fields.append(f"{name}={getattr(w, name)!r}")
-    for flag in (
-        "offload_optimizer",
-        "embedding_on_cpu",
-        "tie_embeddings",
-        "optimizer_in_backward",
-        "fsdp_cpu_offload",
-    ):
-        if getattr(w, flag):
-            fields.append(f"{flag}=True")
-    if w.offload_activations:  # which filter: True would read as "save_on_cpu"
-        fields.append(f"offload_activations={w.offload_activations!r}")
-    # The GPU the plan estimated for (attention kernel, fits) and the host RAM it budgeted.
-    if w.gpu is not None:
-        fields.append(f"gpu={w.gpu!r}")
-    if w.host_memory is not None:
-        fields.append(f"host_memory={w.host_memory!r}")
     head = ""
     if w.gpus > 1:
-        fields.append(f"gpus={w.gpus}")
-        if w.ddp:
-            fields.append("ddp=True")
-        if w.fsdp_mixed != "policy":
-            fields.append(f"fsdp_mixed={w.fsdp_mixed!r}")
         head = (
             f"# launch: torchrun --nproc-per-node {w.gpus} train.py; in it, before apply_:\n"
             "# torch.distributed.init_process_group(); torch.cuda.set_device(local_rank)\n"
         )
-    head += f"import memfit\nworkload = memfit.Workload({', '.join(fields)})\n"
+    head += f"import memfit\nworkload = {workload_code(w)}\n"
     device = ', device="cuda"' if w.gpus > 1 else ""
     teacher, batch = "", ""
     if w.teacher is not None and w.teacher_top_k is None:
