@@ -25,3 +25,18 @@ def test_example_runs(script, gpu):
     assert "applied:" in out.stdout and "optimizer adamw" in out.stdout
     assert "step 1: loss" in out.stdout
     assert "measured peak allocated on cpu" in out.stdout
+
+
+def test_the_readme_data_file_is_written_as_described(tmp_path):
+    # The README's `memfit data` example reads this file: 100,000 samples, the planted
+    # whitespace run on line 73,412 (the line the README's output names).
+    out = tmp_path / "train.jsonl"
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLES / "make_train_jsonl.py"), str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = out.read_text().splitlines()
+    assert len(lines) == 100_000
+    assert lines[73_411] == '{"text": "def f():' + " " * 100_000 + 'return 0"}'
+    assert sum(" " * 100 in line for line in lines) == 1
