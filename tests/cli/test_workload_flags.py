@@ -89,3 +89,16 @@ def test_the_estimates_json_rebuilds_its_workload(w: Workload) -> None:
 
     est = memfit.estimate(tiny_gpt2(2, n_positions=64), w)
     assert workload_from_json(estimate_json(est)["workload"]) == est.workload == w
+
+
+def test_messages_name_the_flags_the_options_declare() -> None:
+    # `fail` rewrites Python names in library messages to flags; its table is read from the
+    # options themselves, so a new option's flag is rewritten without a second entry.
+    from memfit.cli.common.exits import FLAGS, cli_wording
+
+    assert FLAGS["batch_size"] == "--batch" and FLAGS["seq_len"] == "--seq"
+    for name, _, _ in WORKLOAD_OPTIONS:
+        if _field(name) != "lora":
+            assert FLAGS[_field(name)].startswith("--"), name
+    assert "lora" not in FLAGS  # LoRA's two flags build one LoraConfig
+    assert cli_wording("chunked_loss=4 with a teacher") == "--chunked-loss 4 with a teacher"

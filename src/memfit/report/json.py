@@ -4,6 +4,7 @@ and the estimate's document around it (`memfit estimate --json`, `memfit profile
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from memfit.estimator import Estimate
@@ -88,35 +89,30 @@ def generation_json(est: Estimate) -> dict[str, Any]:
     }
 
 
-#: Workload fields the contract's "workload" object holds under their own names, besides the ones
-#: `estimate_json` lists with the estimate's facts (so that the object rebuilds the Workload).
-_MORE_FIELDS = ("checkpoint_first", "freeze", "steps", "host_memory", "prompt_len", "new_tokens",
-                "num_beams", "cache", "teacher", "teacher_precision", "teacher_quantize",
-                "distill_loss", "teacher_top_k")  # fmt: skip
-#: The contract's keys that are Workload fields by the same name.
-_WORKLOAD_KEYS = ("batch_size", "seq_len", "image_size", "mode", "precision", "optimizer",
-                  "grad_accum", "checkpointing", "attention", "gpu", "gpus", "ddp", "fsdp_mixed",
-                  "tp", "quantize", "prepare_kbit", "optimizer_in_backward", "offload_optimizer",
-                  "offload_activations", "chunked_loss", "embedding_on_cpu", "tie_embeddings",
-                  "fsdp_cpu_offload", *_MORE_FIELDS)  # fmt: skip
-
-
-def _other_fields(w: Any) -> dict[str, Any]:
-    lora = None
-    if w.lora is not None:
-        targets = w.lora.targets
-        lora = {"rank": w.lora.rank, "alpha": w.lora.alpha,
-                "targets": [targets] if isinstance(targets, str) else list(targets)}  # fmt: skip
-    more = {k: getattr(w, k) for k in _MORE_FIELDS}
-    more["freeze"] = list(w.freeze)
-    return {"lora": lora, **more}
+def workload_json(w: Workload) -> dict[str, Any]:
+    """Every Workload field under its own name, in the dataclass's order (a LoraConfig as an
+    object, tuples as lists): a field added to Workload reaches the contract, and
+    `workload_from_json` rebuilds the Workload from it."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(Workload):
+        if not f.init:
+            continue
+        value = getattr(w, f.name)
+        if isinstance(value, LoraConfig):
+            targets = [value.targets] if isinstance(value.targets, str) else list(value.targets)
+            value = {"rank": value.rank, "alpha": value.alpha, "targets": targets}
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
 
 
 def workload_from_json(obj: dict[str, Any]) -> Workload:
     """The Workload an estimate's JSON "workload" object describes (`estimate_json`)."""
-    fields = {k: obj[k] for k in _WORKLOAD_KEYS if k in obj}
+    names = {f.name for f in dataclasses.fields(Workload) if f.init}
+    fields = {k: v for k, v in obj.items() if k in names}
     fields["freeze"] = tuple(fields.get("freeze") or ())
-    lora = obj.get("lora")
+    lora = fields.get("lora")
     if lora is not None:
         fields["lora"] = LoraConfig(rank=lora["rank"], alpha=lora["alpha"],
                                     targets=tuple(lora["targets"]))  # fmt: skip
@@ -143,32 +139,12 @@ def estimate_json(est: Estimate) -> dict[str, Any]:
             "model": est.model,
             "parameter_count": est.parameter_count,
             "trainable_parameter_count": est.trainable_parameter_count,
-            "batch_size": w.batch_size,
-            "seq_len": w.seq_len,
-            "image_size": w.image_size,
-            "mode": w.mode,
-            "precision": w.precision,
-            "optimizer": w.optimizer,
-            "grad_accum": w.grad_accum,
-            "checkpointing": w.checkpointing,
-            "attention": w.attention,
+            **workload_json(w),
+            # The GPU as estimated (a budget-limited card has its own name); the kernel the
+            # attention ran with, and the techniques as reports list them.
+            "gpu": est.gpu.name if est.gpu is not None else None,
             "attention_kernel": est.attention_backend,
             "techniques": technique_labels(w),
-            "gpu": est.gpu.name if est.gpu is not None else None,
-            "gpus": w.gpus,
-            "ddp": w.ddp,
-            "fsdp_mixed": w.fsdp_mixed,
-            "tp": w.tp,
-            "quantize": w.quantize,
-            "prepare_kbit": w.prepare_kbit,
-            "optimizer_in_backward": w.optimizer_in_backward,
-            "offload_optimizer": w.offload_optimizer,
-            "offload_activations": w.offload_activations,
-            "chunked_loss": w.chunked_loss,
-            "embedding_on_cpu": w.embedding_on_cpu,
-            "tie_embeddings": w.tie_embeddings,
-            "fsdp_cpu_offload": w.fsdp_cpu_offload,
-            **_other_fields(w),
             "repeated_blocks": est.num_blocks,
             "replayed": est.replayed,
         },

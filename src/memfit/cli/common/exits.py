@@ -17,44 +17,16 @@ import re
 
 import typer
 
+from memfit.cli.common.workload_options import workload_flags
+
 EXIT_OK = 0
 EXIT_DOES_NOT_FIT = 1
 EXIT_BAD_INPUT = 2
 
-#: Python parameter names (Workload fields, library keywords) and the flags that set them.
+#: Python parameter names (Workload fields, library keywords) and the flags that set them: the
+#: workload options' own (memfit.cli.common.workload_options), then the verbs' keywords.
 FLAGS = {
-    "batch_size": "--batch",
-    "seq_len": "--seq",
-    "image_size": "--image-size",
-    "mode": "--mode",
-    "precision": "--precision",
-    "optimizer": "--optimizer",
-    "grad_accum": "--grad-accum",
-    "checkpointing": "--checkpointing",
-    "attention": "--attention",
-    "gpu": "--gpu",
-    "gpus": "--gpus",
-    "offload_optimizer": "--offload-optimizer",
-    "embedding_on_cpu": "--embedding-on-cpu",
-    "tie_embeddings": "--tie-embeddings",
-    "quantize": "--quantize",
-    "prepare_kbit": "--prepare-kbit",
-    "optimizer_in_backward": "--optimizer-in-backward",
-    "offload_activations": "--offload-activations",
-    "chunked_loss": "--chunked-loss",
-    "fsdp_cpu_offload": "--fsdp-cpu-offload",
-    "ddp": "--ddp",
-    "host_memory": "--host-memory",
-    "prompt_len": "--prompt-len",
-    "new_tokens": "--new-tokens",
-    "num_beams": "--num-beams",
-    "cache": "--cache",
-    "tp": "--tp",
-    "teacher": "--teacher",
-    "teacher_precision": "--teacher-precision",
-    "teacher_quantize": "--teacher-quantize",
-    "distill_loss": "--distill-loss",
-    "teacher_top_k": "--teacher-top-k",
+    **workload_flags(),
     "global_batch": "--global-batch",
     # serve (memfit.serving_capacity)
     "gpu_memory_utilization": "--gpu-memory-utilization",

@@ -225,6 +225,23 @@ WORKLOAD_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
 )
 
 
+#: Options whose parameter is not named as the Workload field it sets.
+FIELD_OF_OPTION = {"batch": "batch_size", "seq": "seq_len", "lora_rank": "lora",
+                   "lora_targets": "lora"}  # fmt: skip
+
+
+def workload_flags() -> dict[str, str]:
+    """Workload field -> the flag that sets it, read from the options above (LoRA's two flags
+    build one LoraConfig: library messages name it `LoraConfig(rank=...)`, not a flag)."""
+    out = {}
+    for name, annotated, _ in WORKLOAD_OPTIONS:
+        option = typing.get_args(annotated)[1]
+        flag = option.param_decls[0] if option.param_decls else "--" + name.replace("_", "-")
+        if FIELD_OF_OPTION.get(name) != "lora":
+            out[FIELD_OF_OPTION.get(name, name)] = flag
+    return out
+
+
 NoCache = Annotated[
     bool,
     typer.Option(
