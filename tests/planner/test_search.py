@@ -227,5 +227,5 @@ def test_ddp_shapes_are_heavier_than_their_fsdp_ones():
     assert with_ddp([fsdp], {"ddp"}, 1) == [fsdp]  # one GPU: nothing to choose
     assert with_ddp([fsdp], set(), 2) == [fsdp]  # --forbid ddp
     assert with_ddp([fsdp], {"ddp"}, 2) == [ddp, fsdp]  # faster first
-    in_backward = replace(fsdp, in_backward=True)
+    in_backward = replace(fsdp, optimizer_in_backward=True)
     assert with_ddp([in_backward], {"ddp"}, 2) == [in_backward]

@@ -24,7 +24,7 @@ def test_lighter_techniques_order_shapes() -> None:
                  offload_activations="torchtune", chunked_loss=8)  # fmt: skip
     assert heavier(base, lean) and not heavier(lean, base)
     # The step in backward runs at another micro-batch: never compared.
-    in_bwd = Shape("bf16-true", "adamw", "off", False, False, in_backward=True)
+    in_bwd = Shape("bf16-true", "adamw", "off", False, False, optimizer_in_backward=True)
     assert not heavier(base, in_bwd) and not heavier(in_bwd, base)
     # A paged optimizer's state is outside the allocator: lighter than AdamW's on the device.
     paged = Shape("bf16-true", "paged-adamw", "off", False, False)
@@ -52,17 +52,17 @@ def test_the_lean_stage_is_a_lean_full_fine_tune() -> None:
     lean = lean_shapes(goal, allowed, gpu, spec)
     assert {s.precision for s in lean} == {"bf16-true"}
     assert {s.optimizer for s in lean} == {"paged-adamw", "paged-adamw-8bit", "adafactor"}
-    assert {s.in_backward for s in lean} == {False, True}
+    assert {s.optimizer_in_backward for s in lean} == {False, True}
     assert {s.offload_activations for s in lean} == {False, PLAN_ACTIVATION_OFFLOAD}
     assert {s.chunked_loss for s in lean} == {PLAN_LOSS_CHUNKS}  # a causal LM
-    assert not any(s.lora or s.quantize or s.fsdp_offload for s in lean)
+    assert not any(s.lora or s.quantize or s.fsdp_cpu_offload for s in lean)
     # Without the step in backward, the lean stage does not offer it; fp16-mixed never.
     no_bwd = allowed_techniques(("pure-precision",), ("optimizer-in-backward",))
-    assert not any(s.in_backward for s in lean_shapes(goal, no_bwd, gpu, spec))
+    assert not any(s.optimizer_in_backward for s in lean_shapes(goal, no_bwd, gpu, spec))
     fp16 = Goal(global_batch=8, seq_len=512, precision="fp16-mixed")
-    assert not any(s.in_backward for s in lean_shapes(fp16, allowed, gpu, spec))
+    assert not any(s.optimizer_in_backward for s in lean_shapes(fp16, allowed, gpu, spec))
     last = offload_shapes(goal, allowed, gpu, spec)
-    assert last and all(s.fsdp_offload and not s.in_backward for s in last)
+    assert last and all(s.fsdp_cpu_offload and not s.optimizer_in_backward for s in last)
     assert not offload_shapes(goal, allowed - {"fsdp-offload"}, gpu, spec)
 
 

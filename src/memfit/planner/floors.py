@@ -57,7 +57,7 @@ class Floors:
         less the input embedding where a placement may move it, exceeds the limit. With
         `every_gradient`, whether it may be found so once a trace tells which parameters
         receive a gradient (the floor if all of them do)."""
-        movable = any(e for _, e in places) and not shape.tied
+        movable = any(e for _, e in places) and not shape.tie_embeddings
         got = None if every_gradient else _gradients_of(shape, traced)
         key = (shape, movable, got, every_gradient)
         if key not in self._bytes:
@@ -85,10 +85,10 @@ def _gradients_of(shape: Shape, traced: dict[Any, Any]) -> tuple[bool, ...] | No
     """Which trainable parameters receive a gradient, from a traced shape whose parameters
     train alike, or None."""
     for (s, _), (tr, _, _) in traced.items():
-        alike = (s.lora, s.quantize, s.tied, s.distill, s.chunked_loss) == (
-            shape.lora, shape.quantize, shape.tied, shape.distill, shape.chunked_loss
+        alike = (s.lora, s.quantize, s.tie_embeddings, s.distill, s.chunked_loss) == (
+            shape.lora, shape.quantize, shape.tie_embeddings, shape.distill, shape.chunked_loss
         )  # fmt: skip
-        if alike and not s.in_backward and not s.fsdp_offload:
+        if alike and not s.optimizer_in_backward and not s.fsdp_cpu_offload:
             got = got_gradient(tr)
             if got is not None:
                 return tuple(got)

@@ -141,15 +141,15 @@ class _Search:
             gpus=self.n_gpus,
             checkpointing=shape.checkpointing,
             lora=LoraConfig(rank=PLAN_LORA_RANK) if shape.lora else None,
-            tie_embeddings=shape.tied,
+            tie_embeddings=shape.tie_embeddings,
             offload_optimizer=offload,
             embedding_on_cpu=emb,
             gpu=self.gpu.name,
             quantize=shape.quantize,
-            optimizer_in_backward=shape.in_backward,
+            optimizer_in_backward=shape.optimizer_in_backward,
             offload_activations=shape.offload_activations,
             chunked_loss=shape.chunked_loss,
-            fsdp_cpu_offload=shape.fsdp_offload,
+            fsdp_cpu_offload=shape.fsdp_cpu_offload,
             ddp=shape.ddp,
             fsdp_mixed=self.fsdp_mixed(shape),
             host_memory=self.host_memory,
@@ -207,7 +207,7 @@ class _Search:
         out: list[Candidate] = []
         # Placements only move memory to the CPU, at a cost: when everything on the GPU fits,
         # they cannot be faster; when the lightest placement does not fit, none does.
-        usable = [(o, e) for o, e in placements if not (shape.tied and e)]
+        usable = [(o, e) for o, e in placements if not (shape.tie_embeddings and e)]
         order = sorted(usable, key=lambda oe: (oe != (False, False), -(oe[0] + oe[1])))
         for offload, emb in order:
             if out and out[0].fits and (offload or emb):
@@ -268,15 +268,15 @@ def _explore(
 
     def micro_of(shape: Shape) -> list[int]:
         # The step in backward cannot accumulate: the micro-batch is the per-GPU batch.
-        return [per_gpu] if shape.in_backward else micro_all
+        return [per_gpu] if shape.optimizer_in_backward else micro_all
 
     def places_of(shape: Shape) -> list[tuple[bool, bool]]:
         # The optimizer on the CPU and the step in backward exclude each other; FSDP2's CPU
         # offload places everything itself.
-        if shape.fsdp_offload:
+        if shape.fsdp_cpu_offload:
             return [(False, False)]
         # A paged optimizer pages its state to the host by itself.
-        lean = shape.in_backward or is_paged(shape.optimizer)
+        lean = shape.optimizer_in_backward or is_paged(shape.optimizer)
         return [(o, e) for o, e in places if not (o and lean)]
 
     # Probe the lightest shapes at the smallest micro-batch first: a light shape that does not

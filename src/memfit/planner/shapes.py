@@ -134,13 +134,13 @@ class Shape:
     optimizer: str
     checkpointing: str
     lora: bool
-    tied: bool
+    tie_embeddings: bool
     quantize: str | None = None
-    in_backward: bool = False
+    optimizer_in_backward: bool = False
     #: False, or the variant (memfit.workload.ACTIVATION_OFFLOAD).
     offload_activations: bool | str = False
     chunked_loss: int | None = None
-    fsdp_offload: bool = False
+    fsdp_cpu_offload: bool = False
     distill: Distillation = field(default=PLAIN)
     #: With several GPUs: DistributedDataParallel instead of FSDP2.
     ddp: bool = False
@@ -204,12 +204,12 @@ def heavier(a: Shape, b: Shape) -> bool:
         and _optimizer_heavier(a.optimizer, b.optimizer)
         and (a.checkpointing == "off" or b.checkpointing == "blocks")
         and (not a.lora or b.lora)
-        and (a.tied <= b.tied)
+        and (a.tie_embeddings <= b.tie_embeddings)
         and (a.quantize is None or a.quantize == b.quantize)
-        and a.in_backward == b.in_backward
+        and a.optimizer_in_backward == b.optimizer_in_backward
         and (not a.offload_activations or a.offload_activations == b.offload_activations)
         and (a.chunked_loss is None or b.chunked_loss is not None)
-        and (not a.fsdp_offload or b.fsdp_offload)
+        and (not a.fsdp_cpu_offload or b.fsdp_cpu_offload)
         and (a.ddp or not b.ddp)  # a whole model per GPU holds more than its shard
         and (not a.distill.chunked or b.distill.chunked)
         and _teacher_heavier(a.distill, b.distill)
@@ -236,10 +236,11 @@ def _sorted(shapes: list[Shape]) -> list[Shape]:
     # plan found early bounds the rest, and a light shape that fails rules out the heavier ones.
     # Offline logits run no teacher (faster); a quantized teacher dequantizes (slower).
     return sorted(shapes, key=lambda s: (
-        s.precision == "fp32", s.fsdp_offload, bool(s.offload_activations), not s.ddp,
+        s.precision == "fp32", s.fsdp_cpu_offload, bool(s.offload_activations), not s.ddp,
         s.distill.teacher_top_k is None, s.checkpointing != "off",
         s.distill.teacher_quantize is not None, s.distill.chunked,
-        precision_of(s.precision).width + _optimizer_weight(s.optimizer) - s.lora - s.tied,
+        precision_of(s.precision).width + _optimizer_weight(s.optimizer) - s.lora
+        - s.tie_embeddings,
     ))  # fmt: skip
 
 
@@ -285,7 +286,9 @@ def with_ddp(shapes: list[Shape], allowed: set[str], n_gpus: int) -> list[Shape]
     FSDP2 (not the step in backward, whose hooks memfit does not combine with DDP's)."""
     if n_gpus < 2 or "ddp" not in allowed:
         return shapes
-    ddp = [replace(s, ddp=True) for s in shapes if not (s.in_backward or s.fsdp_offload)]
+    ddp = [
+        replace(s, ddp=True) for s in shapes if not (s.optimizer_in_backward or s.fsdp_cpu_offload)
+    ]
     return _sorted(shapes + ddp)
 
 
@@ -340,7 +343,7 @@ def lean_shapes(goal: Any, allowed: set[str], gpu: Any, spec: ModelSpec) -> list
     if teacher_of(goal) is not None:
         chunks = None
     out = [
-        Shape(precision, o, c, False, False, in_backward=ib, offload_activations=a,
+        Shape(precision, o, c, False, False, optimizer_in_backward=ib, offload_activations=a,
               chunked_loss=chunks, distill=distill)
         for o, ib, c, a in itertools.product(optimizers, in_backward, ckpt, act)
     ]  # fmt: skip
@@ -359,7 +362,7 @@ def offload_shapes(goal: Any, allowed: set[str], gpu: Any, spec: ModelSpec) -> l
         [
             Shape(s.precision, usual, s.checkpointing, False, False,
                   offload_activations=s.offload_activations, chunked_loss=s.chunked_loss,
-                  fsdp_offload=True, distill=s.distill)
+                  fsdp_cpu_offload=True, distill=s.distill)
             for s in lean
             if s.optimizer == lean[0].optimizer
         ]
@@ -376,9 +379,9 @@ def shape_of(w: Any) -> Shape:
     """The shape a workload has (the search's workloads are built from shapes)."""
     return Shape(
         w.precision, w.optimizer, w.checkpointing, w.lora is not None, w.tie_embeddings,
-        quantize=w.quantize, in_backward=w.optimizer_in_backward,
+        quantize=w.quantize, optimizer_in_backward=w.optimizer_in_backward,
         offload_activations=w.offload_activations, chunked_loss=w.chunked_loss,
-        fsdp_offload=w.fsdp_cpu_offload, distill=distillation_of(w), ddp=w.ddp,
+        fsdp_cpu_offload=w.fsdp_cpu_offload, distill=distillation_of(w), ddp=w.ddp,
     )  # fmt: skip
 
 
@@ -386,10 +389,10 @@ def is_lean(shape: Shape) -> bool:
     """Whether the shape uses a technique of the later stages or QLoRA."""
     return bool(
         shape.quantize
-        or shape.in_backward
+        or shape.optimizer_in_backward
         or shape.offload_activations
         or shape.chunked_loss
-        or shape.fsdp_offload
+        or shape.fsdp_cpu_offload
         or not shape.distill.plain
     )
 
@@ -400,6 +403,6 @@ def is_plain(shape: Shape, goal: Any) -> bool:
         shape.optimizer == (goal.optimizer or DEFAULT_OPTIMIZER)
         and shape.checkpointing == "off"
         and not shape.lora
-        and not shape.tied
+        and not shape.tie_embeddings
         and not is_lean(shape)
     )
