@@ -74,3 +74,35 @@ def test_a_traced_conv_step_records_each_workspace_freed_at_once():
     for r in ws:
         kinds = [ev.kind for ev in tracker.events if ev.sid == r.sid]
         assert kinds == [ALLOC, FREE]
+
+
+def test_backward_workspaces_follow_their_own_gradient_allocation():
+    # ConvShared.cpp cudnn_convolution_backward: grad_input is allocated and its plan run
+    # (workspace allocated and freed) before grad_weight is allocated, as in the recorded H200
+    # trace (events 294-299): grad_input, its workspace, grad_weight, the weight's workspace.
+    from memfit.estimator.trace.cudnn_workspace import record_conv_workspaces
+    from memfit.estimator.trace.tracker import Tracker
+    from memfit.events import ALLOC
+
+    conv = torch.nn.Conv2d(3, 4, 3, bias=False)
+    tracker = Tracker(conv)
+    tracker.op_workspaces = record_conv_workspaces
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    with tracker:
+        tracker.set_phase("forward")
+        y = conv(x)
+        tracker.set_phase("backward")
+        y.sum().backward()
+    allocs = [
+        tracker.records[ev.sid]
+        for ev in tracker.events
+        if ev.kind == ALLOC and ev.phase == "backward" and ev.op.startswith("convolution_backward")
+    ]
+    fwd = 1536 + 1152 + 432 + WORKSPACE_PAD_BYTES
+    # grad_input (2*3*8*8*4 = 1536 B), its workspace, grad_weight (432 B), its workspace.
+    assert [(r.nbytes, r.category == "workspaces") for r in allocs] == [
+        (1536, False),
+        (fwd, True),
+        (432, False),
+        (fwd + WGRAD_SPLIT_K_BYTES, True),
+    ]

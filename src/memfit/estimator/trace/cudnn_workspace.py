@@ -86,20 +86,65 @@ def conv_workspaces(name: str, args: Any, out: Any) -> list[int]:
     return []
 
 
+def _anchors(name: str, args: Any, out: Any) -> list[Any]:
+    """For each workspace of ``conv_workspaces``, the output tensor allocated right before it.
+
+    The forward allocates its output, then runs the plan. ``cudnn_convolution_backward``
+    (aten/src/ATen/native/cudnn/ConvShared.cpp) runs two calls one after the other:
+    ``cudnn_convolution_backward_input`` allocates grad_input (``empty_cuda``) and runs its
+    plan, then ``cudnn_convolution_backward_weight`` allocates grad_weight (``at::empty``)
+    and runs its own. So the input gradient's workspace is freed before grad_weight exists,
+    and grad_weight can take the block it left (the recorded H200 trace, events 294-299:
+    grad_input, its workspace, grad_weight, the weight gradient's workspace).
+    """
+    if name in _FORWARD:
+        return [out]
+    if name in _BACKWARD and isinstance(out, (tuple, list)):
+        mask = args[-1]
+        return [out[i] for i in (0, 1) if mask[i]]
+    return []
+
+
+def _after_alloc_of(tracker: Any, t: Any) -> int:
+    """The index in ``tracker.events`` right after the allocation of ``t``'s storage (the
+    end of the stream when ``t`` is not a tracked tensor of this op)."""
+    events = tracker.events
+    sid = tracker.sid_of(t) if isinstance(t, torch.Tensor) else None
+    if sid is not None:
+        for i in range(len(events) - 1, -1, -1):
+            ev = events[i]
+            if ev.sid == sid and ev.kind == ALLOC:
+                return i + 1
+    return len(events)
+
+
 def record_conv_workspaces(tracker: Any, name: str, args: Any, out: Any) -> None:
     """The tracker's ``op_workspaces`` hook: each workspace of a convolution op as an
-    allocation freed at once, in the op's context, category ``workspaces``.
+    allocation freed at once, in the op's context, category ``workspaces``, placed in the
+    stream right after the output its cuDNN call allocated (``_anchors``).
 
     It writes the tracker's records and events directly (no tensor of it ever reaches
     Python, so no storage finalizer could see it).
     """
-    for nbytes in conv_workspaces(name, args, out):
+    sizes = conv_workspaces(name, args, out)
+    if not sizes:
+        return
+    anchors = _anchors(name, args, out)
+    # Insert the later ones first, so that the earlier anchors' indices stay valid.
+    placed = [(_after_alloc_of(tracker, a), n) for a, n in zip(anchors, sizes, strict=False)]
+    placed += [(len(tracker.events), n) for n in sizes[len(anchors) :]]
+    module, owner = tracker.context()
+    phase, step = tracker.phase, tracker.step
+    new: list[tuple[int, int, int]] = []
+    for k, (at, nbytes) in enumerate(placed):
         sid = tracker._next_sid
         tracker._next_sid += 1
-        module, owner = tracker.context()
-        phase, step = tracker.phase, tracker.step
         tracker.records[sid] = StorageRecord(
             sid, nbytes, Category.WORKSPACES, phase, step, name, module, owner, tracker._region
         )
-        tracker.events.append(Event(ALLOC, sid, phase, step, name, module, owner))
-        tracker.events.append(Event(FREE, sid, phase, step, name, module, owner))
+        new.append((at, k, sid))
+    for at, _, sid in sorted(new, reverse=True):
+        tracker.events[at:at] = [
+            Event(ALLOC, sid, phase, step, name, module, owner),
+            Event(FREE, sid, phase, step, name, module, owner),
+        ]
