@@ -14,7 +14,16 @@ SRC = Path(memfit.__file__).parent
 FLOORS: tuple[tuple[str, ...], ...] = (
     # _compat: the version-dependent behaviour of torch and transformers (STYLE.md), which
     # every floor may need; it imports no memfit module.
-    ("memfit.errors", "memfit.units", "memfit.events", "memfit._compat", "memfit.precision"),
+    # storage_ledger: the live-storage table that the tracer, the simulated GPU and the doctor
+    # are modes over; it imports no memfit module.
+    (
+        "memfit.errors",
+        "memfit.units",
+        "memfit.events",
+        "memfit._compat",
+        "memfit.precision",
+        "memfit.storage_ledger",
+    ),
     # optimizers: the optimizer table (memfit.optimizers.table), read by every floor above.
     ("memfit.cuda", "memfit.optimizers"),
     ("memfit.workload", "memfit.profile"),
@@ -129,7 +138,7 @@ def test_top_level_holds_only_the_shared_vocabulary() -> None:
     top = {p.name for p in SRC.glob("*.py")}
     assert top == {
         "__init__.py", "errors.py", "units.py", "events.py", "profile.py", "_compat.py",
-        "precision.py",
+        "precision.py", "storage_ledger.py",
     }  # fmt: skip
 
 

@@ -5,9 +5,11 @@ Three recorders run inside the `with doctor():` block, each costing one Python c
 * `GradTracker` (a TorchFunctionMode): every tensor returned to Python with a `grad_fn` is
   remembered weakly, with the user line that made it (`doctor_sites.site_of`). It also sees
   `backward(retain_graph=True)` calls.
-* `StorageTracker` (a TorchDispatchMode): every new storage (forward, backward, optimizer) is
-  remembered weakly with its size, line and step, so live tensor bytes can be summed on any
-  device, and those of one step's working set told from those that outlive it.
+* `StorageTracker` (a TorchDispatchMode over a `memfit.storage_ledger.StorageLedger`): every
+  new storage (forward, backward, optimizer) is remembered with its size, line and step until
+  it is freed, so live tensor bytes can be summed on any device, and those of one step's
+  working set told from those that outlive it. The ledger keeps identity and frees; the
+  lines (sites) and steps are the doctor's own.
 * `doctor_saved.SavedBook` (saved-tensor hooks): which saved tensors a backward used.
 """
 
@@ -19,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
@@ -27,10 +28,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from memfit.diagnosis.saved_tensors import SavedBook
 from memfit.diagnosis.sites import Clock, Site
 from memfit.errors import Failsafe
-
-#: Storage records are purged of dead entries when their number passes this (and then twice the
-#: number of live ones), so a long step does not grow the table without bound.
-_PURGE_MIN = 50_000
+from memfit.storage_ledger import StorageLedger, storage_key
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _BACKWARD_FUNCS = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
@@ -98,7 +96,8 @@ class GradTracker(TorchFunctionMode):
 
 @dataclass(slots=True)
 class StorageRecord:
-    ref: StorageWeakRef
+    """A live storage the doctor saw made."""
+
     nbytes: int
     site: Site | None
     step: int  # the step that made it
@@ -117,15 +116,19 @@ def _arg_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
 
 
 class StorageTracker(TorchDispatchMode):
-    """Remembers (weakly) each storage created, with its size, the line and the step that made
-    it, and whether it carries a value of that line across steps."""
+    """Remembers each storage created until it is freed, with its size, the line and the step
+    that made it, and whether it carries a value of that line across steps."""
 
     def __init__(self, clock: Clock, failsafe: Failsafe) -> None:
         super().__init__()
         self.clock = clock
         self.failsafe = failsafe
-        self.records: dict[int, StorageRecord] = {}
-        self._purge_at = _PURGE_MIN
+        #: The live storages made inside the block, by StorageImpl address (`storage_key`).
+        self.ledger: StorageLedger[StorageRecord] = StorageLedger()
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        self.ledger.close()  # no finalizer of the doctor's outlives its block
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -144,15 +147,15 @@ class StorageTracker(TorchDispatchMode):
         if type(t) is not torch.Tensor or t.layout != torch.strided or t.is_nested:
             return
         storage = t.untyped_storage()
-        key = storage._cdata
-        old = self.records.get(key)
-        if old is not None and not old.ref.expired():
+        key = storage_key(storage)
+        ledger = self.ledger
+        if ledger.id_at(key) is not None:
             return
         nbytes = storage.nbytes()
         if nbytes == 0 or storage.device.type == "meta":
             return
         sources = [
-            a.untyped_storage()._cdata
+            storage_key(a.untyped_storage())
             for a in _arg_tensors(args, kwargs)
             if type(a) in _PLAIN and a.layout == torch.strided and not a.is_nested
         ]
@@ -161,20 +164,13 @@ class StorageTracker(TorchDispatchMode):
         site = self.clock.site_here(sys._getframe(2))
         step = self.clock.step
         carried = False
-        for src in map(self.records.get, sources):
-            # (an expired record is a dead storage that had the same address)
-            if src is not None and src.site == site and src.step < step and not src.ref.expired():
+        for rid in map(ledger.id_at, sources):
+            src = ledger.records[rid] if rid is not None else None
+            if src is not None and src.site == site and src.step < step:
                 carried = True
                 break
-        self.records[key] = StorageRecord(
-            StorageWeakRef(storage), nbytes, site, step, storage.device, carried
-        )
-        if len(self.records) > self._purge_at:
-            self.purge()
-            self._purge_at = max(_PURGE_MIN, 2 * len(self.records))
-
-    def purge(self) -> None:
-        self.records = {k: r for k, r in self.records.items() if not r.ref.expired()}
+        record = StorageRecord(nbytes, site, step, storage.device, carried)
+        ledger.add(storage, ledger.new_id(), record)
 
     def live(
         self, exclude: dict[int, int], step: int
@@ -182,13 +178,14 @@ class StorageTracker(TorchDispatchMode):
         """Live bytes of the recorded storages not in `exclude` that outlived the step that made
         them (made before `step`) or carry a value across steps: in all and per line; and the
         (size, device) of the others, the current step's working set (a batch, its outputs)."""
-        self.purge()
         total = 0
         by_site: dict[Site | None, int] = {}
         working: list[tuple[int, torch.device]] = []
-        for key, rec in self.records.items():
+        records = self.ledger.records
+        for key, rid in self.ledger.live_items():
             if key in exclude:
                 continue
+            rec = records[rid]
             if rec.step < step or rec.carried:
                 total += rec.nbytes
                 by_site[rec.site] = by_site.get(rec.site, 0) + rec.nbytes
@@ -197,4 +194,5 @@ class StorageTracker(TorchDispatchMode):
         return total, by_site, working
 
     def keys_at(self, site: Site | None) -> set[int]:
-        return {k for k, r in self.records.items() if r.site == site and not r.ref.expired()}
+        records = self.ledger.records
+        return {k for k, rid in self.ledger.live_items() if records[rid].site == site}

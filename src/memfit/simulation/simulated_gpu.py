@@ -1,9 +1,10 @@
 """`simulate`: run real CPU code as if its tensors lived in a GPU's memory.
 
 Every storage allocated while the context is active is malloc'ed in memfit's simulated CUDA
-caching allocator (`memfit.cuda.allocator`) and freed there when PyTorch releases it (a weakref
-finalizer, as in `memfit.estimator.trace.tracker`). A malloc that does not fit raises
-`torch.OutOfMemoryError` at that op with PyTorch's message, so OOM handling
+caching allocator (`memfit.cuda.allocator`) and freed there when PyTorch releases it. The
+storages' identity, records and free callbacks are a `memfit.storage_ledger.StorageLedger`'s,
+as in the estimator's tracer; the allocator calls are this mode's own. A malloc that does not
+fit raises `torch.OutOfMemoryError` at that op with PyTorch's message, so OOM handling
 (`memfit.guard.retry`) runs on a laptop.
 
 Example:
@@ -42,7 +43,6 @@ are counted: see `memfit.simulation.fake_run`, which runs a trial on them); with
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import replace
 from typing import Any
 
@@ -62,6 +62,7 @@ from memfit.models.structure import find_repeated_blocks
 from memfit.simulation.capacity import simulated_capacity
 from memfit.simulation.fake_run import fake_tensors
 from memfit.simulation.records import LiveTensor, OomState, optimizer_state_sizes
+from memfit.storage_ledger import StorageLedger
 from memfit.techniques.optimizer import host_state_keys
 
 __all__ = ["LiveTensor", "OomState", "SimulatedGPU", "active", "simulate"]
@@ -109,19 +110,15 @@ class SimulatedGPU(TorchDispatchMode):
         # engine's thread, which runs backward; each is allocated at its first matmul.
         self._workspace_threads = {"main", "autograd"} if workspaces else set()
         self.oom: OomState | None = None
-        self._recs: dict[int, LiveTensor] = {}
+        #: The storages on the simulated GPU (and the workspaces, which have none), by record id.
+        self._ledger: StorageLedger[LiveTensor] = StorageLedger(self._on_free)
         self._blocks: dict[int, int] = {}  # record id -> allocator block (device memory only)
-        self._live: dict[int, int] = {}  # id(storage) -> record id
-        self._finalizers: dict[int, weakref.finalize] = {}
-        self._next = 0
         self._stack: list[str] = []
         self._phase = "inputs"
         self._names = {id(m): n for n, m in model.named_modules()} if model is not None else {}
         self._host_steps = False
         if optimizer is not None:
             self._host_steps = "step" in host_state_keys(optimizer)
-        self._in_malloc = False
-        self._deferred: list[tuple[int, int]] = []
         self._hooks: list[Any] = []
         self._entered = False
 
@@ -163,9 +160,8 @@ class SimulatedGPU(TorchDispatchMode):
                 "restart() needs simulate(..., fake=True): on real tensors the optimizer "
                 "state it drops would be the user's."
             )
-        self._detach()
-        self._recs, self._blocks, self._live = {}, {}, {}
-        self._deferred.clear()
+        self._ledger.clear()
+        self._blocks = {}
         self.oom = None
         self.allocator = CachingAllocator(
             self._cfg, capacity_bytes=self.capacity_bytes,
@@ -180,7 +176,7 @@ class SimulatedGPU(TorchDispatchMode):
     def live_tensors(self) -> list[LiveTensor]:
         """The storages on the simulated GPU now, categorised (see the module docstring)."""
         self._recategorise()
-        recs = dict(self._recs)  # a copy: a gc pass may free storages meanwhile
+        recs = dict(self._ledger.records)  # a copy: a gc pass may free storages meanwhile
         return [recs[rid] for rid in list(self._blocks) if rid in recs]
 
     # -- enter / exit ----------------------------------------------------------------------
@@ -228,9 +224,7 @@ class SimulatedGPU(TorchDispatchMode):
 
     def _detach(self) -> None:
         """Stop following frees: the state stays as it was at exit."""
-        for f in self._finalizers.values():
-            f.detach()
-        self._finalizers = {}
+        self._ledger.close()
 
     def _register_existing(self) -> None:
         m, opt = self.model, self.optimizer
@@ -271,7 +265,7 @@ class SimulatedGPU(TorchDispatchMode):
             if not isinstance(t, torch.Tensor):
                 continue
             storage = t.untyped_storage()
-            if id(storage) not in self._live:
+            if self._ledger.id_of(storage) is None:
                 if given is None:
                     given = _storage_keys((args, kwargs))
                 if storage._cdata in given:
@@ -281,9 +275,9 @@ class SimulatedGPU(TorchDispatchMode):
             ws = self._workspace_bytes
             rec = LiveTensor(nbytes=ws, category="workspaces", op=name, module="",
                              phase=self._phase, shape=(ws,), dtype="uint8")  # fmt: skip
-            self._malloc(self._next, rec)  # kept for the life of the process
-            self._recs[self._next] = rec
-            self._next += 1
+            rid = self._ledger.new_id()
+            self._malloc(rid, rec)  # kept for the life of the process
+            self._ledger.records[rid] = rec  # no storage: never freed
             self._workspace_threads.discard(thread)  # once per thread (a failed malloc retries)
         return out
 
@@ -305,9 +299,9 @@ class SimulatedGPU(TorchDispatchMode):
     def _track(self, t: torch.Tensor, op: str, *, category: str | None = None,
                module: str | None = None) -> None:  # fmt: skip
         storage = t.untyped_storage()
-        key = id(storage)
-        if key in self._live:
-            self._resize(self._live[key], t, op)
+        known = self._ledger.id_of(storage)
+        if known is not None:
+            self._resize(known, t, op)
             return
         if storage.device.type == "meta" and not isinstance(t, FakeTensor):
             return  # a fake tensor's storage is on meta too, and stands for a real one
@@ -320,31 +314,25 @@ class SimulatedGPU(TorchDispatchMode):
             module=self._context() if module is None else module, phase=self._phase,
             shape=tuple(t.shape), dtype=str(t.dtype).removeprefix("torch."),
         )  # fmt: skip
-        rid = self._next
+        rid = self._ledger.new_id()
         if not host:
             self._malloc(rid, rec)
-        self._next += 1
-        self._recs[rid] = rec
-        self._live[key] = rid
-        self._finalizers[rid] = weakref.finalize(storage, self._on_free, key, rid)
+        self._ledger.add(storage, rid, rec)
 
     def _malloc(self, rid: int, rec: LiveTensor) -> None:
         if rec.nbytes == 0:
             return
-        self._in_malloc = True
-        try:
-            self._blocks[rid] = self.allocator.malloc(rec.nbytes)
-        except _AllocatorFull as e:
-            self._raise_oom(e.oom, rec)
-        finally:
-            self._in_malloc = False
-            while self._deferred:
-                self._on_free(*self._deferred.pop())
+        # A gc pass inside malloc frees storages: freed in the allocator once malloc is done.
+        with self._ledger.holding_frees():
+            try:
+                self._blocks[rid] = self.allocator.malloc(rec.nbytes)
+            except _AllocatorFull as e:
+                self._raise_oom(e.oom, rec)
 
     def _resize(self, rid: int, t: torch.Tensor, op: str) -> None:
         """A known storage that an op grew or shrank (`resize_`, `out=`): malloc the new size,
         then free the old block, as CUDA's resize_bytes_cuda allocates and copies first."""
-        rec = self._recs.get(rid)
+        rec = self._ledger.records.get(rid)
         nbytes = t.untyped_storage().nbytes()
         if rec is None or nbytes == rec.nbytes or (rec.nbytes and rid not in self._blocks):
             return  # unchanged, or host memory (a step counter)
@@ -357,18 +345,12 @@ class SimulatedGPU(TorchDispatchMode):
             if old is not None:
                 self._blocks[rid] = old  # the simulated storage keeps its old size
             raise
-        self._recs[rid] = new
+        self._ledger.records[rid] = new
         if old is not None:
             self.allocator.free(old)
 
-    def _on_free(self, key: int, rid: int) -> None:
-        if self._in_malloc:  # a gc pass inside malloc: free once malloc is done
-            self._deferred.append((key, rid))
-            return
-        if self._live.get(key) == rid:
-            del self._live[key]
-        self._finalizers.pop(rid, None)
-        self._recs.pop(rid, None)
+    def _on_free(self, rid: int, rec: LiveTensor) -> None:
+        """The ledger's finalizer: PyTorch freed the storage of `rid`."""
         block = self._blocks.pop(rid, None)
         if block is not None:
             self.allocator.free(block)
@@ -404,11 +386,12 @@ class SimulatedGPU(TorchDispatchMode):
             roles += [
                 (v, "optimizer_state") for s in self.optimizer.state.values() for v in s.values()
             ]
+        recs = self._ledger.records
         for t, category in roles:
             if isinstance(t, torch.Tensor):
-                rid = self._live.get(id(t.untyped_storage()))
-                if rid is not None and self._recs[rid].category != category:
-                    self._recs[rid] = replace(self._recs[rid], category=category)
+                rid = self._ledger.id_of(t.untyped_storage())
+                if rid is not None and recs[rid].category != category:
+                    recs[rid] = replace(recs[rid], category=category)
 
     # -- hooks -----------------------------------------------------------------------------
 

@@ -1,9 +1,11 @@
 """The tracker: every storage allocated and freed during a step, with who and why.
 
 `Tracker` is a TorchDispatchMode below autograd: it sees every aten kernel that runs, backward's
-too. A storage it has not seen is a new allocation; a `weakref.finalize` on the storage object
-(one Python object per live storage) records the free exactly when its memory is released.
-Views, in-place results and tied weights share a storage and are counted once.
+too. It is a mode over a `memfit.storage_ledger.StorageLedger`, which keeps the storages'
+identity, their records (kept after the free: the trace's history) and the finalizer that
+records a free exactly when its memory is released. A storage it has not seen is a new
+allocation; views, in-place results and tied weights share a storage and are counted once.
+What is the tracker's own: categories, module and owner attribution, and the event timeline.
 
 Context of each event:
 - phase ("forward", "backward", "optimizer", "zero_grad", "setup") and step, set by the driver;
@@ -29,7 +31,6 @@ state are found in `.grad` and `optimizer.state`."""
 from __future__ import annotations
 
 import sys
-import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -43,6 +44,7 @@ from memfit.errors import Failsafe
 from memfit.estimator.flops import counted_flops
 from memfit.estimator.trace.value_reads import certain_value, note_certain_value
 from memfit.events import ALLOC, FREE, RELEASE_OP, Category, Event, StorageRecord
+from memfit.storage_ledger import StorageLedger
 from memfit.techniques.checkpointing import region_listeners
 
 #: Ops that materialise `torch.tensor(...)` constants. Without a device argument these are
@@ -93,16 +95,13 @@ class Tracker(TorchDispatchMode):
 
     def __init__(self, model: torch.nn.Module, block_paths: Iterable[str] = ()) -> None:
         super().__init__()
-        self.records: dict[int, StorageRecord] = {}
+        #: The storages: identity, records by sid (freed ones kept), finalizers.
+        self.ledger: StorageLedger[StorageRecord] = StorageLedger(self._on_free, keep_freed=True)
+        self.records = self.ledger.records
         self.events: list[Event] = []
         self.phase = "setup"
         self.step = 0
         self._op = RELEASE_OP
-        self._next_sid = 0
-        self._live: dict[int, int] = {}  # id(storage) -> sid
-        self._finalizers: list[weakref.finalize] = []
-        self._finalized: set[int] = set()  # storages (by id) with a finalizer
-        self._resized: set[int] = set()  # storages whose memory changed by resize_
         self._stack: list[tuple[str, int]] = []
         self._region = 0
         self._region_counter = 0
@@ -134,6 +133,16 @@ class Tracker(TorchDispatchMode):
         self.uncounted_flops: dict[str, str] = {}
         self.certain_values: dict[int, bool] = {}  # sid -> its value (value_reads)
         self.op_workspaces: Callable[[Tracker, str, Any, Any], None] | None = None  # cuDNN's
+
+    @property
+    def _next_sid(self) -> int:
+        """The next storage id (the ledger's); records without a storage (cuDNN workspaces,
+        generation markers) take theirs from it too."""
+        return self.ledger.next_id
+
+    @_next_sid.setter
+    def _next_sid(self, value: int) -> None:
+        self.ledger.next_id = value
 
     def add_model(self, model: torch.nn.Module, block_paths: Iterable[str] = ()) -> None:
         """Name `model`'s modules by their paths in it (and their repeated-block owners)."""
@@ -204,7 +213,7 @@ class Tracker(TorchDispatchMode):
         a gradient is released with its parameter, whichever block's backward allocated it.
         `paged`: CUDA unified memory (StorageRecord.paged).
         """
-        sid = self._live.get(id(memory_tensor(tensor).untyped_storage()))
+        sid = self.sid_of(tensor)
         if sid is None:
             return
         rec = self.records[sid]
@@ -216,10 +225,10 @@ class Tracker(TorchDispatchMode):
 
     def live_sids(self) -> list[int]:
         """The storages allocated and not yet freed, in allocation order."""
-        return list(self._live.values())
+        return self.ledger.live_ids()
 
     def sid_of(self, tensor: torch.Tensor) -> int | None:
-        return self._live.get(id(memory_tensor(tensor).untyped_storage()))
+        return self.ledger.id_of(memory_tensor(tensor).untyped_storage())
 
     # -- dispatch ---------------------------------------------------------------------------
 
@@ -343,8 +352,7 @@ class Tracker(TorchDispatchMode):
         if t.device.type == "meta":  # e.g. made only for its strides (transformers' TP gather)
             return
         storage = t.untyped_storage()
-        key = id(storage)
-        if key in self._live:
+        if self.ledger.id_of(storage) is not None:
             return
         host = (
             self.optimizer_host_scalars
@@ -366,9 +374,7 @@ class Tracker(TorchDispatchMode):
         owner: int,
         host: bool,
     ) -> int:
-        key = id(storage)
-        sid = self._next_sid
-        self._next_sid += 1
+        sid = self.ledger.new_id()
         if module is None:
             module, ctx_owner = self.context()
             if ctx_owner >= 0 or self.phase in ("forward", "backward"):
@@ -386,12 +392,8 @@ class Tracker(TorchDispatchMode):
         rec = StorageRecord(
             sid, nbytes, category, self.phase, self.step, op, module, owner, self._region, host
         )
-        self.records[sid] = rec
-        self._live[key] = sid
+        self.ledger.add(storage, sid, rec)
         self.events.append(Event(ALLOC, sid, self.phase, self.step, op, module, owner))
-        if key not in self._finalized:
-            self._finalized.add(key)
-            self._finalizers.append(weakref.finalize(storage, self._on_free, key, sid))
         return sid
 
     def on_storage_resize(self, storage: Any, nbytes: int) -> None:
@@ -403,34 +405,22 @@ class Tracker(TorchDispatchMode):
             self._guarded("recording a storage resize", self._resize, storage, nbytes)
 
     def _resize(self, storage: Any, nbytes: int) -> None:
-        key = id(storage)
-        sid = self._live.get(key)
+        sid = self.ledger.id_of(storage)
         if sid is not None:
             if self.records[sid].nbytes == nbytes:
                 return
-            self._release(key, sid)
-        self._resized.add(key)
+            self.ledger.release(storage)
+            self._freed(sid)
         if nbytes > 0:
             self._new_record(storage, nbytes, op="resize_", category=None, module=None,
                              owner=-1, host=False)  # fmt: skip
 
-    def _on_free(self, key: int, sid: int) -> None:
-        # A finalizer: it runs inside whatever op or Python code dropped the storage.
-        self._guarded("recording a free", self._freed, key, sid)
+    def _on_free(self, sid: int, rec: StorageRecord) -> None:
+        # The ledger's finalizer: it runs inside whatever op or Python code dropped the storage.
+        self._guarded("recording a free", self._freed, sid)
 
-    def _freed(self, key: int, sid: int) -> None:
-        self._finalized.discard(key)
-        if key in self._resized:  # the allocation alive now, if any, is what dies
-            self._resized.discard(key)
-            current = self._live.get(key)
-            if current is None:
-                return
-            sid = current
-        self._release(key, sid)
-
-    def _release(self, key: int, sid: int) -> None:
-        if self._live.get(key) == sid:
-            del self._live[key]
+    def _freed(self, sid: int) -> None:
+        """The FREE event of `sid`, whose allocation the ledger has ended."""
         if self._closed:
             return
         rec = self.records[sid]
@@ -522,9 +512,7 @@ class Tracker(TorchDispatchMode):
     def close(self) -> None:
         """Stop recording; detach every finalizer so nothing fires after the trace."""
         self._closed = True
-        for f in self._finalizers:
-            f.detach()
-        self._finalizers = []
+        self.ledger.close()
 
 
 def _grouped_mm_other_dtype(mat_a: torch.Tensor, mat_b: torch.Tensor, *rest: Any, **kw: Any) -> Any:
