@@ -302,8 +302,7 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
 
 def _call_end(tracker: Tracker) -> None:
     """A zero-byte marker at the end of a model call (CALL_END_OP); never freed."""
-    sid = tracker._next_sid
-    tracker._next_sid += 1
+    sid = tracker.ledger.new_id()
     tracker.records[sid] = StorageRecord(
         sid, 0, Category.TEMPORARIES, tracker.phase, tracker.step, CALL_END_OP, "", -1, 0
     )

@@ -137,8 +137,7 @@ def record_conv_workspaces(tracker: Any, name: str, args: Any, out: Any) -> None
     phase, step = tracker.phase, tracker.step
     new: list[tuple[int, int, int]] = []
     for k, (at, nbytes) in enumerate(placed):
-        sid = tracker._next_sid
-        tracker._next_sid += 1
+        sid = tracker.ledger.new_id()
         tracker.records[sid] = StorageRecord(
             sid, nbytes, Category.WORKSPACES, phase, step, name, module, owner, tracker._region
         )

@@ -134,16 +134,6 @@ class Tracker(TorchDispatchMode):
         self.certain_values: dict[int, bool] = {}  # sid -> its value (value_reads)
         self.op_workspaces: Callable[[Tracker, str, Any, Any], None] | None = None  # cuDNN's
 
-    @property
-    def _next_sid(self) -> int:
-        """The next storage id (the ledger's); records without a storage (cuDNN workspaces,
-        generation markers) take theirs from it too."""
-        return self.ledger.next_id
-
-    @_next_sid.setter
-    def _next_sid(self, value: int) -> None:
-        self.ledger.next_id = value
-
     def add_model(self, model: torch.nn.Module, block_paths: Iterable[str] = ()) -> None:
         """Name `model`'s modules by their paths in it (and their repeated-block owners)."""
         paths = list(block_paths)
