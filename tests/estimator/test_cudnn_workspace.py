@@ -16,6 +16,24 @@ def _meta(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.empty(shape, device="meta", dtype=dtype)
 
 
+def _traced_conv_step():
+    """A 3->4 channel 3x3 conv (no bias) on a 2x3x8x8 batch: forward and backward traced with
+    cuDNN's workspaces recorded."""
+    from memfit.estimator.trace.cudnn_workspace import record_conv_workspaces
+    from memfit.estimator.trace.tracker import Tracker
+
+    conv = torch.nn.Conv2d(3, 4, 3, bias=False)
+    tracker = Tracker(conv)
+    tracker.op_workspaces = record_conv_workspaces
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    with tracker:
+        tracker.set_phase("forward")
+        y = conv(x)
+        tracker.set_phase("backward")
+        y.sum().backward()
+    return tracker
+
+
 def test_resnet18_stem_forward_matches_the_recorded_h200_request():
     # tests/data/allocator_traces/resnet18-fp32-sgd-b16-h200-2026-11-27.json, event 125:
     # the stem conv's workspace request, right after its 51,380,224-byte output.
@@ -52,19 +70,9 @@ def test_other_ops_and_non_cudnn_convolutions_have_none():
 
 
 def test_a_traced_conv_step_records_each_workspace_freed_at_once():
-    from memfit.estimator.trace.cudnn_workspace import record_conv_workspaces
-    from memfit.estimator.trace.tracker import Tracker
     from memfit.events import ALLOC, FREE
 
-    conv = torch.nn.Conv2d(3, 4, 3, bias=False)
-    tracker = Tracker(conv)
-    tracker.op_workspaces = record_conv_workspaces
-    x = torch.randn(2, 3, 8, 8, requires_grad=True)
-    with tracker:
-        tracker.set_phase("forward")
-        y = conv(x)
-        tracker.set_phase("backward")
-        y.sum().backward()
+    tracker = _traced_conv_step()
     ws = [r for r in tracker.records.values() if r.category == "workspaces"]
     # forward: 2*3*8*8*4 + 2*4*6*6*4 + 4*3*3*3*4 = 1536 + 1152 + 432, + 16
     fwd = 1536 + 1152 + 432 + WORKSPACE_PAD_BYTES
@@ -80,19 +88,9 @@ def test_backward_workspaces_follow_their_own_gradient_allocation():
     # ConvShared.cpp cudnn_convolution_backward: grad_input is allocated and its plan run
     # (workspace allocated and freed) before grad_weight is allocated, as in the recorded H200
     # trace (events 294-299): grad_input, its workspace, grad_weight, the weight's workspace.
-    from memfit.estimator.trace.cudnn_workspace import record_conv_workspaces
-    from memfit.estimator.trace.tracker import Tracker
     from memfit.events import ALLOC
 
-    conv = torch.nn.Conv2d(3, 4, 3, bias=False)
-    tracker = Tracker(conv)
-    tracker.op_workspaces = record_conv_workspaces
-    x = torch.randn(2, 3, 8, 8, requires_grad=True)
-    with tracker:
-        tracker.set_phase("forward")
-        y = conv(x)
-        tracker.set_phase("backward")
-        y.sum().backward()
+    tracker = _traced_conv_step()
     allocs = [
         tracker.records[ev.sid]
         for ev in tracker.events
