@@ -36,7 +36,6 @@ from memfit.estimator.trace.cuda_emulation import CudaEmulation
 from memfit.estimator.trace.cudnn_workspace import record_conv_workspaces
 from memfit.estimator.trace.errors import trace_error as _trace_error
 from memfit.estimator.trace.fake_distributed import fake_world
-from memfit.estimator.trace.grad_accumulation import AccumulationWatch, fold
 from memfit.estimator.trace.tracker import OwnerTrackingState, Tracker, parameter_modules
 from memfit.events import Category, Event, StorageRecord
 from memfit.models.layers import unit_layer_paths
@@ -275,8 +274,6 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
     trainable = [p for p in params if p.requires_grad]
     tracker = Tracker(model, blocks)
     emulation = _emulate_cuda(tracker, w, low, capability)
-    accumulations = AccumulationWatch()
-    tracker.op_workspaces = _after_op(accumulations)
     make_optimizer = in_backward_for_trace if w.optimizer_in_backward else optimizer_for_trace
     optimizer = make_optimizer(w.optimizer, trainable) if w.training else None
     host_keys = host_state_keys(optimizer) if optimizer is not None else frozenset()
@@ -318,8 +315,6 @@ def _run_trace(spec: ModelSpec, w: Workload, capability: tuple[int, int] | None,
             raise _trace_error(e, tracker) from e
         finally:
             tracker.close()
-    # The engine's sums into a parameter's gradient, in place as on real tensors.
-    fold(tracker.records, tracker.events, accumulations.pairs, tracker.grad_sids)
     trace = Trace(
         records=tracker.records,
         events=tracker.events,
@@ -383,16 +378,6 @@ def _traced_model(
     if config is not None and hasattr(config, "use_cache"):
         config.use_cache = False
     return model, ctx.blocks if layers is None else layers, ctx
-
-
-def _after_op(accumulations: AccumulationWatch) -> Any:
-    """The tracker's post-op hook: cuDNN's workspaces, then the engine's gradient sums."""
-
-    def hook(tracker: Tracker, name: str, args: Any, out: Any) -> None:
-        record_conv_workspaces(tracker, name, args, out)
-        accumulations.hook(tracker, name, args, out)
-
-    return hook
 
 
 def _emulate_cuda(
