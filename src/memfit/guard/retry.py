@@ -30,7 +30,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from memfit.errors import BadInputError, Failsafe
-from memfit.optimizers import SPECS
+from memfit.optimizers import lighter_specs
 from memfit.simulation.simulated_gpu import active
 
 __all__ = ["GuardedStep", "TrainStep", "oom_guard"]
@@ -142,7 +142,7 @@ _Decision = int | torch.OutOfMemoryError
 
 def _optimizer_oom(e: torch.OutOfMemoryError) -> torch.OutOfMemoryError:
     # The lighter optimizers the planner may switch to (their OptimizerSpec rows).
-    lighter = " or ".join(s.title for s in SPECS.values() if s.allow is not None and not s.paged)
+    lighter = " or ".join(s.title for s in lighter_specs())
     return torch.OutOfMemoryError(
         "Out of memory in or after optimizer.step(): not retried, because (part of) the update "
         f"may already be applied. A smaller micro-batch does not shrink optimizer memory: use "

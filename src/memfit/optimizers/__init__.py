@@ -135,6 +135,12 @@ def plan_choices(allowed: set[str]) -> list[str]:
     return [s.name for s in SPECS.values() if s.allow in allowed and not s.paged]
 
 
+def lighter_specs() -> list[OptimizerSpec]:
+    """The unpaged rows the planner may switch to when the user's optimizer does not fit (those
+    with an `allow` technique), in table order: what the OOM advice prices and names."""
+    return [s for s in SPECS.values() if s.allow is not None and not s.paged]
+
+
 def spec_of_hf_optim(optim: str) -> OptimizerSpec | None:
     """The row `TrainingArguments(optim=...)` builds (without optim_args), or None."""
     for spec in SPECS.values():

@@ -43,7 +43,7 @@ from memfit.cuda.allocator import CachingAllocator
 from memfit.cuda.allocator_config import AllocatorConfig, cuda_block_size
 from memfit.cuda.allocator_oom import AllocatorOutOfMemoryError as AllocatorFull
 from memfit.errors import BadInputError
-from memfit.optimizers import SPECS
+from memfit.optimizers import lighter_specs
 from memfit.simulation.simulated_gpu import LiveTensor, OomState
 from memfit.units import format_bytes as fb
 
@@ -269,7 +269,7 @@ def _checkpointed(live: list[LiveTensor], req: LiveTensor, blocks: tuple[str, ..
 
 
 #: The optimizers the advice prices: the lighter ones the planner may switch to, unpaged.
-LIGHTER = [s for s in SPECS.values() if s.allow is not None and not s.paged]
+LIGHTER = lighter_specs()
 
 
 def render_oom(report: OomReport, *, top_modules: int = 8) -> str:
