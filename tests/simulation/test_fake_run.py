@@ -108,3 +108,42 @@ def test_a_fake_search_agrees_with_the_estimate_at_the_boundary():
     assert runs(found) and not runs(found + 1), found
     limit = memfit.max_batch(tiny_bert(), memfit.Workload(seq_len=32), gpu=budget)
     assert limit.largest is not None and limit.largest <= found
+
+
+class _LayerDrop(torch.nn.Module):
+    """transformers' LayerDrop before 5.18: `torch.rand([]) < layerdrop` in every training
+    step, even when layerdrop is 0 (OPT, BART, Whisper, ...)."""
+
+    def __init__(self, layerdrop: float) -> None:
+        super().__init__()
+        self.layerdrop = layerdrop
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(256, 256) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            if self.training and torch.rand([]) < self.layerdrop:
+                continue
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize("layerdrop", [0.0, 0.1])
+def test_layerdrop_keeps_its_layers_in_a_fake_run(layerdrop):
+    # A uniform sample in [0, 1) is never below 0, so with layerdrop 0 every layer runs (as on
+    # the device); with 0 < p <= 0.5 running it is the likelier outcome, and the larger peak.
+    # Reading the comparison as 1 (a normal step's answer to other value reads) skipped
+    # every layer: no gradient reached them.
+    model = _LayerDrop(layerdrop).train()
+    with simulate("t4", model=model, fake=True) as gpu:
+        model(torch.randn(8, 256)).sum().backward()
+        assert all(p.grad is not None for p in model.parameters())
+    # 3 x (256 x 256 + 256) fp32 weights and their gradients, at least.
+    assert gpu.peak_allocated_bytes >= 2 * 3 * (256 * 256 + 256) * 4
+
+
+def test_a_sample_above_its_bound_reads_true_in_a_fake_run():
+    with simulate("t4", fake=True):
+        assert bool(torch.rand([]) < 1.0) is True
+        assert bool(torch.rand([]) < 0.9) is True  # the likelier outcome
+        assert bool(torch.rand([]) >= 0.0) is True
+        assert bool(torch.rand([]) > 1.0) is False

@@ -36,6 +36,7 @@ from torch._subclasses.fake_tensor import (
     UnsupportedOperatorException,
 )
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
 
 from memfit.errors import BadInputError
 from memfit.estimator import CudaEmulation
@@ -56,24 +57,49 @@ class FakeRunUnsupported(BadInputError):
 
 class _NormalStepScalars(TorchDispatchMode):
     """Answer value reads as a normal step would see them, instead of failing (fake tensors
-    hold no values): 1 (a step count, a loss, a finite check), except GradScaler's found-inf
-    flag, which reads 0 (no inf: the optimizer step runs and makes its state)."""
+    hold no values): 1 (a step count, a loss, a finite check), except
+    - GradScaler's found-inf flag, which reads 0 (no inf: the optimizer step runs and makes its
+      state);
+    - a uniform sample in [0, 1) compared with a number (transformers' LayerDrop before 5.18,
+      `torch.rand([]) < self.layerdrop`, even at 0): the likelier outcome, which is the certain
+      one at a bound outside (0, 1) (`rand < 0` is never true, so every layer runs)."""
 
     def __init__(self) -> None:
         super().__init__()
         self._found_inf: set[int] = set()
+        self._uniform: WeakIdKeyDictionary = WeakIdKeyDictionary()  # rand outputs
+        self._decided: WeakIdKeyDictionary = WeakIdKeyDictionary()  # comparison -> its answer
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__
         if name in _SCALAR_READS:
             t = args[0]
+            if t in self._decided:
+                return self._decided[t]
             one = 0 if id(t) in self._found_inf else 1
             if t.dtype == torch.bool:
                 return bool(one)
             return float(one) if t.dtype.is_floating_point else one
         if name.startswith("_amp_foreach_non_finite_check_and_unscale_"):
             self._found_inf.add(id(args[1]))  # (grads, found_inf, inv_scale)
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if name in _UNIFORM_OPS:
+            self._uniform[out] = True
+        elif name in _COMPARISONS and args[0] in self._uniform:
+            self._decided[out] = _likelier(name, args[1])
+        return out
+
+
+#: Ops whose output is a uniform sample in [0, 1).
+_UNIFORM_OPS = frozenset({"rand.default", "rand_like.default"})
+#: A tensor compared with a Python number.
+_COMPARISONS = frozenset({"lt.Scalar", "le.Scalar", "gt.Scalar", "ge.Scalar"})
+
+
+def _likelier(name: str, bound: float) -> bool:
+    """The likelier answer of `u <op> bound` for u uniform in [0, 1) (False on a tie)."""
+    below = min(max(float(bound), 0.0), 1.0)  # P(u < bound), also P(u <= bound)
+    return (below if name.startswith("l") else 1.0 - below) > 0.5
 
 
 @contextlib.contextmanager
