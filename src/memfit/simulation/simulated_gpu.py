@@ -36,6 +36,9 @@ after an OOM, until the next forward), workspaces. Modules come from global modu
 forward and autograd-node tags in backward (memfit.estimator.trace.tracker, Note: [Backward
 attribution]).
 
+cuBLAS operand copies (a matrix with strides cuBLAS cannot take, e.g. the expanded gradient of
+`loss = x.sum()`, cloned for the call) are allocated and freed inside their op, as in the estimate.
+
 Limitations: one thread, one stream; storages on the meta device are ignored (fake tensors'
 are counted: see `memfit.simulation.fake_run`, which runs a trial on them); with
 `optimizer=`, step counters of non-fused torch.optim optimizers are host memory, as on CUDA.
@@ -58,6 +61,7 @@ from memfit.cuda.allocator_oom import OutOfMemory
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
 from memfit.estimator import META_KEY, SCALAR_CONSTANT_OPS, tag_graph
+from memfit.estimator.trace.cublas_operands import operand_copies
 from memfit.models.structure import find_repeated_blocks
 from memfit.simulation.capacity import simulated_capacity
 from memfit.simulation.fake_run import fake_tensors
@@ -271,6 +275,9 @@ class SimulatedGPU(TorchDispatchMode):
                 if storage._cdata in given:
                     continue  # a view, in-place op or out= of a tensor made before entering
             self._track(t, name)
+        copies = operand_copies(name, args)
+        if copies:
+            self._transients(copies, name)
         if workspace:  # cuBLAS allocates it inside the call, once the output exists
             ws = self._workspace_bytes
             rec = LiveTensor(nbytes=ws, category="workspaces", op=name, module="",
@@ -280,6 +287,28 @@ class SimulatedGPU(TorchDispatchMode):
             self._ledger.records[rid] = rec  # no storage: never freed
             self._workspace_threads.discard(thread)  # once per thread (a failed malloc retries)
         return out
+
+    def _transients(self, sizes: list[int], op: str) -> None:
+        """Blocks a kernel allocates together inside `op` and frees before it returns
+        (cuBLAS operand copies: memfit.estimator.trace.cublas_operands)."""
+        rids = []
+        for nbytes in sizes:
+            rec = LiveTensor(nbytes=nbytes, category="temporaries", op=op,
+                             module=self._context(), phase=self._phase, shape=(nbytes,),
+                             dtype="uint8")  # fmt: skip
+            rid = self._ledger.new_id()
+            self._ledger.records[rid] = rec  # no storage: freed below
+            rids.append(rid)
+            try:
+                self._malloc(rid, rec)
+            except BaseException:
+                self._drop(rids)
+                raise
+        self._drop(rids)
+
+    def _drop(self, rids: list[int]) -> None:
+        for rid in rids:
+            self._on_free(rid, self._ledger.records.pop(rid))
 
     def _context(self) -> str:
         if self._stack:

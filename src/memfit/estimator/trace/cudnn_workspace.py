@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from memfit.events import ALLOC, FREE, Category, Event, StorageRecord
+from memfit.estimator.trace.op_transients import after_alloc_of, insert_events, new_records
+from memfit.events import Category
 
 #: cudnn_frontend pads the variant pack's workspace pointer to 16 bytes (the "+16" in every
 #: recorded cuDNN workspace request on the H200 trace: 61,051,664 = 61,051,648 + 16).
@@ -105,19 +106,6 @@ def _anchors(name: str, args: Any, out: Any) -> list[Any]:
     return []
 
 
-def _after_alloc_of(tracker: Any, t: Any) -> int:
-    """The index in ``tracker.events`` right after the allocation of ``t``'s storage (the
-    end of the stream when ``t`` is not a tracked tensor of this op)."""
-    events = tracker.events
-    sid = tracker.sid_of(t) if isinstance(t, torch.Tensor) else None
-    if sid is not None:
-        for i in range(len(events) - 1, -1, -1):
-            ev = events[i]
-            if ev.sid == sid and ev.kind == ALLOC:
-                return i + 1
-    return len(events)
-
-
 def record_conv_workspaces(tracker: Any, name: str, args: Any, out: Any) -> None:
     """The tracker's ``op_workspaces`` hook: each workspace of a convolution op as an
     allocation freed at once, in the op's context, category ``workspaces``, placed in the
@@ -130,20 +118,9 @@ def record_conv_workspaces(tracker: Any, name: str, args: Any, out: Any) -> None
     if not sizes:
         return
     anchors = _anchors(name, args, out)
+    placed = [after_alloc_of(tracker, a) for a in anchors[: len(sizes)]]
+    placed += [len(tracker.events)] * (len(sizes) - len(placed))
+    sids = new_records(tracker, name, sizes, Category.WORKSPACES)
     # Insert the later ones first, so that the earlier anchors' indices stay valid.
-    placed = [(_after_alloc_of(tracker, a), n) for a, n in zip(anchors, sizes, strict=False)]
-    placed += [(len(tracker.events), n) for n in sizes[len(anchors) :]]
-    module, owner = tracker.context()
-    phase, step = tracker.phase, tracker.step
-    new: list[tuple[int, int, int]] = []
-    for k, (at, nbytes) in enumerate(placed):
-        sid = tracker.ledger.new_id()
-        tracker.records[sid] = StorageRecord(
-            sid, nbytes, Category.WORKSPACES, phase, step, name, module, owner, tracker._region
-        )
-        new.append((at, k, sid))
-    for at, _, sid in sorted(new, reverse=True):
-        tracker.events[at:at] = [
-            Event(ALLOC, sid, phase, step, name, module, owner),
-            Event(FREE, sid, phase, step, name, module, owner),
-        ]
+    for at, _, sid in sorted(zip(placed, range(len(sids)), sids, strict=True), reverse=True):
+        insert_events(tracker, at, [sid], together=False)

@@ -32,6 +32,7 @@ from torch.utils import _pytree as pytree
 from memfit.errors import BadInputError, TraceError
 from memfit.estimator.trace.block_replay import by_units
 from memfit.estimator.trace.collector import freeze_long_lived
+from memfit.estimator.trace.cublas_operands import record_operand_copies
 from memfit.estimator.trace.cuda_emulation import CudaEmulation
 from memfit.estimator.trace.cudnn_workspace import record_conv_workspaces
 from memfit.estimator.trace.errors import trace_error as _trace_error
@@ -380,11 +381,17 @@ def _traced_model(
     return model, ctx.blocks if layers is None else layers, ctx
 
 
+def _op_transients(tracker: Tracker, name: str, args: Any, out: Any) -> None:
+    """What CUDA kernels allocate and free inside one op: cuDNN workspaces, cuBLAS copies."""
+    record_conv_workspaces(tracker, name, args, out)
+    record_operand_copies(tracker, name, args, out)
+
+
 def _emulate_cuda(
     tracker: Tracker, w: Workload, low: torch.dtype, capability: tuple[int, int] | None
 ) -> CudaEmulation:
     """The CUDA emulation, switched on in each forward region (and checkpoint recompute)."""
-    tracker.op_workspaces = record_conv_workspaces  # cuDNN's, through the caching allocator
+    tracker.op_workspaces = _op_transients  # through the caching allocator, inside one op
     emulation = CudaEmulation(
         dtype=low if w.autocast else None,
         capability=capability,
