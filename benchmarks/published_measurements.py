@@ -7,11 +7,13 @@ which unit. Figures are copied exactly as published (optimum-benchmark reports M
 from `torch.cuda.max_memory_allocated() / 1e6` after `torch.cuda.reset_peak_memory_stats()`,
 with the model already on the device).
 
-Considered and left out, because the published setup cannot be reproduced from its text:
-the transformers docs' SDPA tables for pythia-410m and opt-350m (the training loop's handling
-of gradients between steps is not stated, and transformers 4.42's GPT-NeoX kernels differ from
-today's), and the "Model training anatomy" V100 figures (torch ~1.10, whose zero_grad kept
-gradients, and NVML totals with CUDA 11.2 eager kernel loading).
+The transformers docs' SDPA training table for opt-350m is compared in
+benchmarks/published_sdpa_training.py: its loop (a `logits.sum()` loss, no optimizer) is not
+memfit's own, so it runs there as a user's trial under `memfit.simulate(fake=True)`.
+
+Considered and left out: the same docs' table for pythia-410m (transformers 4.42's GPT-NeoX
+kernels differ from today's), and the "Model training anatomy" V100 figures (torch ~1.10,
+whose zero_grad kept gradients, and NVML totals with CUDA 11.2 eager kernel loading).
 
     python benchmarks/published_measurements.py            # ~15 s on 2 cores
     python benchmarks/published_measurements.py --json out.json
