@@ -27,8 +27,8 @@ run, put transformers 4.45 first on the path (it imports on torch 2.13):
 transformers 4.45 has no SDPA path for OPT (the table's SDPA column came with 4.46), so the SDPA
 rows run on the installed transformers 5.
 
-    PYTHONPATH=src python benchmarks/published_sdpa_training.py            # ~8 min on 2 cores
-    PYTHONPATH=src python benchmarks/published_sdpa_training.py --quick    # 6 rows
+    PYTHONPATH=src python benchmarks/published_sdpa_training.py            # ~5 min on 2 cores
+    PYTHONPATH=src python benchmarks/published_sdpa_training.py --quick    # 6 rows a column
 """
 
 from __future__ import annotations
