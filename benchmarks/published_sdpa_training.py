@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             t0 = time.perf_counter()
             got = simulated_peak(model, b, s, "l40s") / 1e6
+            took = time.perf_counter() - t0
             print(f"| {attention} | {b} x {s} | {want:,.1f} | {got:,.1f} | "
-                  f"{(got - want) / want:+.2%} | ({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+                  f"{(got - want) / want:+.2%} | ({took:.0f} s)", flush=True)  # fmt: skip
     return 0
 
 
