@@ -59,6 +59,9 @@ if TYPE_CHECKING:
     from memfit.estimator.trace.collector import (
         without_full_collections,
     )
+    from memfit.estimator.trace.cublas_operands import (
+        operand_copies,
+    )
     from memfit.estimator.trace.cuda_emulation import (
         CudaEmulation,
     )
@@ -99,6 +102,7 @@ _WHERE = {
     "memory_tensor": "memfit.estimator.trace.tracker",
     "META_KEY": "memfit.estimator.trace.tracker",
     "MicroBatchLine": "memfit.estimator.predict",
+    "operand_copies": "memfit.estimator.trace.cublas_operands",
     "pack_trace": "memfit.estimator.trace.cache",
     "parameter_modules": "memfit.estimator.trace.tracker",
     "resident_floor_bytes": "memfit.estimator.trace.resident",
@@ -141,6 +145,7 @@ __all__ = [
     "lookup",
     "machine_ram_bytes",
     "memory_tensor",
+    "operand_copies",
     "pack_trace",
     "parameter_modules",
     "resident_floor_bytes",

@@ -60,8 +60,7 @@ from memfit.cuda.allocator_oom import AllocatorOutOfMemoryError as _AllocatorFul
 from memfit.cuda.allocator_oom import OutOfMemory
 from memfit.cuda.target import get_gpu
 from memfit.errors import BadInputError
-from memfit.estimator import META_KEY, SCALAR_CONSTANT_OPS, tag_graph
-from memfit.estimator.trace.cublas_operands import operand_copies
+from memfit.estimator import META_KEY, SCALAR_CONSTANT_OPS, operand_copies, tag_graph
 from memfit.models.structure import find_repeated_blocks
 from memfit.simulation.capacity import simulated_capacity
 from memfit.simulation.fake_run import fake_tensors
