@@ -81,6 +81,9 @@ if TYPE_CHECKING:
         parameter_modules,
         tag_graph,
     )
+    from memfit.estimator.trace.value_reads import (
+        UNIFORM_OPS,
+    )
 
 #: Exported name -> the module that defines it (a module itself for `trace_cache`).
 _WHERE = {
@@ -118,6 +121,7 @@ _WHERE = {
     "trace_spec": "memfit.estimator.estimation",
     "traced_micro_batches": "memfit.estimator.trace.step_runner",
     "Tracker": "memfit.estimator.trace.tracker",
+    "UNIFORM_OPS": "memfit.estimator.trace.value_reads",
     "unpack_trace": "memfit.estimator.trace.cache",
     "without_full_collections": "memfit.estimator.trace.collector",
     "workers": "memfit.estimator.parallel",
@@ -126,6 +130,7 @@ _WHERE = {
 __all__ = [
     "META_KEY",
     "SCALAR_CONSTANT_OPS",
+    "UNIFORM_OPS",
     "CacheWatcher",
     "CudaEmulation",
     "Estimate",

@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from memfit.errors import BadInputError
-from memfit.estimator import CudaEmulation
+from memfit.estimator import UNIFORM_OPS, CudaEmulation
 
 __all__ = ["FakeRunUnsupported", "fake_tensors"]
 
@@ -83,15 +83,13 @@ class _NormalStepScalars(TorchDispatchMode):
         if name.startswith("_amp_foreach_non_finite_check_and_unscale_"):
             self._found_inf.add(id(args[1]))  # (grads, found_inf, inv_scale)
         out = func(*args, **(kwargs or {}))
-        if name in _UNIFORM_OPS:
+        if name in UNIFORM_OPS:
             self._uniform[out] = True
         elif name in _COMPARISONS and args[0] in self._uniform:
             self._decided[out] = _likelier(name, args[1])
         return out
 
 
-#: Ops whose output is a uniform sample in [0, 1).
-_UNIFORM_OPS = frozenset({"rand.default", "rand_like.default"})
 #: A tensor compared with a Python number.
 _COMPARISONS = frozenset({"lt.Scalar", "le.Scalar", "gt.Scalar", "ge.Scalar"})
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 #: Ops whose output is a uniform sample in [0, 1).
-_UNIFORM_OPS = frozenset({"rand.default", "rand_like.default"})
+UNIFORM_OPS = frozenset({"rand.default", "rand_like.default"})
 
 
 def note_certain_value(tracker: Any, func: Any, args: Any, out: Any) -> None:
@@ -22,7 +22,7 @@ def note_certain_value(tracker: Any, func: Any, args: Any, out: Any) -> None:
     if func is not torch.ops.aten.lt.Scalar or not isinstance(args[1], (int, float)):
         return
     sid = tracker.sid_of(args[0])
-    if sid is None or tracker.records[sid].op not in _UNIFORM_OPS or args[1] > 0:
+    if sid is None or tracker.records[sid].op not in UNIFORM_OPS or args[1] > 0:
         return
     out_sid = tracker.sid_of(out)
     if out_sid is not None:
